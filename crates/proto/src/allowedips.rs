@@ -1,0 +1,491 @@
+//! Cryptokey routing table: AllowedIPs as a path-compressed binary trie per address
+//! family, mapping prefixes to a peer identifier with longest-prefix match.
+//!
+//! Invariants: every node's `key` has no bits set past `len`; a child's prefix extends
+//! its parent's; a node without a value has two children (otherwise it is merged away).
+//! Values are small `Copy` identifiers so the trie stays compact at 10^5 prefixes.
+
+use std::net::IpAddr;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Prefix {
+    pub addr: IpAddr,
+    pub len: u8,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PrefixError {
+    #[error("'{0}' is not an address/prefix-length pair")]
+    Syntax(String),
+    #[error("prefix length {len} is too long for {addr}")]
+    TooLong { addr: IpAddr, len: u8 },
+}
+
+impl Prefix {
+    /// Builds a prefix, clearing host bits (10.0.0.1/24 becomes 10.0.0.0/24).
+    pub fn new(addr: IpAddr, len: u8) -> Result<Self, PrefixError> {
+        let max = max_len(&addr);
+        if len > max {
+            return Err(PrefixError::TooLong { addr, len });
+        }
+        let key = mask(to_bits(&addr), len, max);
+        Ok(Prefix {
+            addr: from_bits(key, &addr),
+            len,
+        })
+    }
+}
+
+impl std::str::FromStr for Prefix {
+    type Err = PrefixError;
+    /// Parses `addr/len`; a bare address means a host prefix.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let (a, l) = match s.split_once('/') {
+            Some((a, l)) => (a, Some(l)),
+            None => (s, None),
+        };
+        let addr: IpAddr = a.parse().map_err(|_| PrefixError::Syntax(s.to_string()))?;
+        let len = match l {
+            Some(l) if !l.is_empty() && l.bytes().all(|b| b.is_ascii_digit()) && l.len() <= 3 => l
+                .parse::<u8>()
+                .map_err(|_| PrefixError::Syntax(s.to_string()))?,
+            Some(_) => return Err(PrefixError::Syntax(s.to_string())),
+            None => max_len(&addr),
+        };
+        Prefix::new(addr, len)
+    }
+}
+
+impl std::fmt::Display for Prefix {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.addr, self.len)
+    }
+}
+
+fn max_len(a: &IpAddr) -> u8 {
+    match a {
+        IpAddr::V4(_) => 32,
+        IpAddr::V6(_) => 128,
+    }
+}
+
+/// Addresses as left-aligned 128-bit keys, so both families share one trie type.
+fn to_bits(a: &IpAddr) -> u128 {
+    match a {
+        IpAddr::V4(v) => (u32::from(*v) as u128) << 96,
+        IpAddr::V6(v) => u128::from(*v),
+    }
+}
+
+fn from_bits(k: u128, like: &IpAddr) -> IpAddr {
+    match like {
+        IpAddr::V4(_) => IpAddr::V4(((k >> 96) as u32).into()),
+        IpAddr::V6(_) => IpAddr::V6(k.into()),
+    }
+}
+
+fn mask(k: u128, len: u8, _max: u8) -> u128 {
+    if len == 0 {
+        0
+    } else {
+        k & (u128::MAX << (128 - len as u32))
+    }
+}
+
+fn bit(k: u128, i: u8) -> usize {
+    ((k >> (127 - i as u32)) & 1) as usize
+}
+
+fn common_len(a: u128, b: u128, max: u8) -> u8 {
+    ((a ^ b).leading_zeros() as u8).min(max)
+}
+
+struct Node<T> {
+    key: u128,
+    len: u8,
+    value: Option<T>,
+    children: [Option<Box<Node<T>>>; 2],
+}
+
+impl<T> Node<T> {
+    fn leaf(key: u128, len: u8, value: T) -> Box<Self> {
+        Box::new(Node {
+            key,
+            len,
+            value: Some(value),
+            children: [None, None],
+        })
+    }
+}
+
+/// One family's trie.
+struct Trie<T> {
+    root: Option<Box<Node<T>>>,
+    max: u8,
+}
+
+impl<T: Copy + Eq> Trie<T> {
+    fn new(max: u8) -> Self {
+        Trie { root: None, max }
+    }
+
+    fn insert(&mut self, key: u128, len: u8, value: T) -> Option<T> {
+        let mut slot = &mut self.root;
+        loop {
+            let Some(node) = slot else {
+                *slot = Some(Node::leaf(key, len, value));
+                return None;
+            };
+            let common = common_len(node.key, key, node.len.min(len));
+            if common == node.len && node.len == len {
+                return node.value.replace(value);
+            }
+            if common == node.len {
+                // The new prefix lies strictly below this node.
+                let b = bit(key, node.len);
+                slot = &mut slot.as_mut().expect("checked above").children[b];
+                continue;
+            }
+            // Split: the new prefix diverges from (or is shorter than) this node.
+            let old = slot.take().expect("checked above");
+            let new_node = if common == len {
+                let mut n = Node::leaf(key, len, value);
+                let b = bit(old.key, len);
+                n.children[b] = Some(old);
+                n
+            } else {
+                let mut parent = Box::new(Node {
+                    key: mask(key, common, self.max),
+                    len: common,
+                    value: None,
+                    children: [None, None],
+                });
+                let b_old = bit(old.key, common);
+                parent.children[b_old] = Some(old);
+                parent.children[1 - b_old] = Some(Node::leaf(key, len, value));
+                parent
+            };
+            *slot = Some(new_node);
+            return None;
+        }
+    }
+
+    fn lookup(&self, key: u128) -> Option<T> {
+        let mut best = None;
+        let mut cur = self.root.as_deref();
+        while let Some(n) = cur {
+            if mask(key, n.len, self.max) != n.key {
+                break;
+            }
+            if n.value.is_some() {
+                best = n.value;
+            }
+            if n.len >= self.max {
+                break;
+            }
+            cur = n.children[bit(key, n.len)].as_deref();
+        }
+        best
+    }
+
+    fn exact(&self, key: u128, len: u8) -> Option<T> {
+        let mut cur = self.root.as_deref();
+        while let Some(n) = cur {
+            if n.len > len || mask(key, n.len, self.max) != n.key {
+                return None;
+            }
+            if n.len == len {
+                return n.value;
+            }
+            cur = n.children[bit(key, n.len)].as_deref();
+        }
+        None
+    }
+
+    /// Removes every prefix whose value satisfies `pred`; returns how many went.
+    fn retain(&mut self, pred: &mut dyn FnMut(&T) -> bool) -> usize {
+        fn walk<T: Copy>(
+            slot: &mut Option<Box<Node<T>>>,
+            pred: &mut dyn FnMut(&T) -> bool,
+        ) -> usize {
+            let Some(node) = slot.as_mut() else { return 0 };
+            let mut removed = 0;
+            if let Some(v) = node.value {
+                if !pred(&v) {
+                    node.value = None;
+                    removed += 1;
+                }
+            }
+            removed += walk(&mut node.children[0], pred);
+            removed += walk(&mut node.children[1], pred);
+            // Restore the invariant: a valueless node needs two children.
+            if node.value.is_none() {
+                match (node.children[0].is_some(), node.children[1].is_some()) {
+                    (false, false) => *slot = None,
+                    (true, false) => *slot = node.children[0].take(),
+                    (false, true) => *slot = node.children[1].take(),
+                    (true, true) => {}
+                }
+            }
+            removed
+        }
+        walk(&mut self.root, pred)
+    }
+
+    fn remove(&mut self, key: u128, len: u8) -> Option<T> {
+        // Exact removal reuses retain's pruning on the single matching node.
+        let found = self.exact(key, len)?;
+        let mut slot = &mut self.root;
+        loop {
+            let node = slot.as_mut().expect("exact() found the path");
+            if node.len == len {
+                node.value = None;
+                let kids = (node.children[0].is_some(), node.children[1].is_some());
+                match kids {
+                    (false, false) => *slot = None,
+                    (true, false) => *slot = node.children[0].take(),
+                    (false, true) => *slot = node.children[1].take(),
+                    (true, true) => {}
+                }
+                break;
+            }
+            let b = bit(key, node.len);
+            slot = &mut slot.as_mut().expect("present").children[b];
+        }
+        // A parent may now hold no value and a single child: compact the path.
+        self.retain(&mut |_| true);
+        Some(found)
+    }
+
+    fn for_each(&self, f: &mut dyn FnMut(u128, u8, T)) {
+        fn walk<T: Copy>(n: &Option<Box<Node<T>>>, f: &mut dyn FnMut(u128, u8, T)) {
+            if let Some(n) = n {
+                if let Some(v) = n.value {
+                    f(n.key, n.len, v);
+                }
+                walk(&n.children[0], f);
+                walk(&n.children[1], f);
+            }
+        }
+        walk(&self.root, f)
+    }
+}
+
+/// AllowedIPs for both address families.
+pub struct AllowedIps<T> {
+    v4: Trie<T>,
+    v6: Trie<T>,
+    len: usize,
+}
+
+impl<T: Copy + Eq> Default for AllowedIps<T> {
+    fn default() -> Self {
+        AllowedIps {
+            v4: Trie::new(32),
+            v6: Trie::new(128),
+            len: 0,
+        }
+    }
+}
+
+impl<T: Copy + Eq> AllowedIps<T> {
+    fn trie(&mut self, a: &IpAddr) -> &mut Trie<T> {
+        match a {
+            IpAddr::V4(_) => &mut self.v4,
+            IpAddr::V6(_) => &mut self.v6,
+        }
+    }
+
+    /// Maps `prefix` to `value`, taking it from any previous owner (returned).
+    pub fn insert(&mut self, prefix: Prefix, value: T) -> Option<T> {
+        let prev = self
+            .trie(&prefix.addr)
+            .insert(to_bits(&prefix.addr), prefix.len, value);
+        if prev.is_none() {
+            self.len += 1;
+        }
+        prev
+    }
+
+    /// Removes one prefix if `value` owns it.
+    pub fn remove_if_owned(&mut self, prefix: Prefix, value: T) -> bool {
+        let key = to_bits(&prefix.addr);
+        let t = self.trie(&prefix.addr);
+        if t.exact(key, prefix.len) == Some(value) {
+            t.remove(key, prefix.len);
+            self.len -= 1;
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Longest-prefix match.
+    pub fn lookup(&self, addr: IpAddr) -> Option<T> {
+        match addr {
+            IpAddr::V4(_) => self.v4.lookup(to_bits(&addr)),
+            IpAddr::V6(_) => self.v6.lookup(to_bits(&addr)),
+        }
+    }
+
+    /// Removes every prefix owned by `value`.
+    pub fn remove_value(&mut self, value: T) -> usize {
+        let n = self.v4.retain(&mut |v| *v != value) + self.v6.retain(&mut |v| *v != value);
+        self.len -= n;
+        n
+    }
+
+    pub fn clear(&mut self) {
+        *self = Self::default();
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Visits every prefix with its owner.
+    pub fn for_each(&self, mut f: impl FnMut(Prefix, T)) {
+        let v4 = IpAddr::V4(0.into());
+        let v6 = IpAddr::V6(0u128.into());
+        self.v4.for_each(&mut |k, l, v| {
+            f(
+                Prefix {
+                    addr: from_bits(k, &v4),
+                    len: l,
+                },
+                v,
+            )
+        });
+        self.v6.for_each(&mut |k, l, v| {
+            f(
+                Prefix {
+                    addr: from_bits(k, &v6),
+                    len: l,
+                },
+                v,
+            )
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Small deterministic generator so the differential test is reproducible.
+    struct XorShift(u64);
+    impl XorShift {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0
+        }
+    }
+
+    fn p(s: &str) -> Prefix {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn parse_and_mask() {
+        assert_eq!(p("10.0.0.1/24").to_string(), "10.0.0.0/24");
+        assert_eq!(p("10.0.0.1").to_string(), "10.0.0.1/32");
+        assert_eq!(p("fd00::1/64").to_string(), "fd00::/64");
+        assert_eq!(p("0.0.0.0/0").to_string(), "0.0.0.0/0");
+        assert!("10.0.0.0/33".parse::<Prefix>().is_err());
+        assert!("10.0.0.0/".parse::<Prefix>().is_err());
+        assert!("10.0.0.0/-1".parse::<Prefix>().is_err());
+        assert!("fd00::/129".parse::<Prefix>().is_err());
+        assert!("nonsense/8".parse::<Prefix>().is_err());
+    }
+
+    #[test]
+    fn longest_prefix_wins() {
+        let mut t = AllowedIps::default();
+        t.insert(p("0.0.0.0/0"), 1);
+        t.insert(p("10.0.0.0/8"), 2);
+        t.insert(p("10.1.0.0/16"), 3);
+        t.insert(p("10.1.2.3/32"), 4);
+        t.insert(p("::/0"), 5);
+        t.insert(p("fd00::/8"), 6);
+        let l = |s: &str| t.lookup(s.parse().unwrap());
+        assert_eq!(l("192.168.1.1"), Some(1));
+        assert_eq!(l("10.2.0.1"), Some(2));
+        assert_eq!(l("10.1.9.9"), Some(3));
+        assert_eq!(l("10.1.2.3"), Some(4));
+        assert_eq!(l("fd12::1"), Some(6));
+        assert_eq!(l("2001:db8::1"), Some(5));
+        assert!(t.remove_if_owned(p("10.1.0.0/16"), 3));
+        assert!(!t.remove_if_owned(p("10.0.0.0/8"), 9));
+        assert_eq!(t.lookup("10.1.9.9".parse().unwrap()), Some(2));
+        assert_eq!(t.remove_value(1), 1);
+        assert_eq!(t.lookup("192.168.1.1".parse().unwrap()), None);
+        assert_eq!(t.len(), 4);
+    }
+
+    /// Randomised differential test against a linear scan, including removals.
+    #[test]
+    fn differential_against_linear_reference() {
+        let mut rng = XorShift(0x9e3779b97f4a7c15);
+        for round in 0..20 {
+            let mut trie = AllowedIps::default();
+            let mut reference: Vec<(Prefix, u32)> = Vec::new();
+            let v6 = round % 2 == 1;
+            // Concentrate addresses in a small space so prefixes overlap a lot.
+            let gen_addr = |r: &mut XorShift| -> IpAddr {
+                let x = r.next();
+                if v6 {
+                    let hi = 0xfd00_0000_0000_0000_0000_0000_0000_0000u128;
+                    IpAddr::V6((hi | ((x as u128 & 0xffff) << 100) | (x as u128 >> 16)).into())
+                } else {
+                    IpAddr::V4((0x0a00_0000 | (x as u32 & 0x00ff_ffff)).into())
+                }
+            };
+            for _ in 0..400 {
+                let addr = gen_addr(&mut rng);
+                let max = if v6 { 128 } else { 32 };
+                let len = (rng.next() % (max as u64 + 1)) as u8;
+                let prefix = Prefix::new(addr, len).unwrap();
+                let value = (rng.next() % 50) as u32;
+                match rng.next() % 5 {
+                    0 => {
+                        let removed = trie.remove_value(value);
+                        let before = reference.len();
+                        reference.retain(|(_, v)| *v != value);
+                        assert_eq!(removed, before - reference.len());
+                    }
+                    1 => {
+                        let owned = reference.iter().any(|(q, v)| *q == prefix && *v == value);
+                        assert_eq!(trie.remove_if_owned(prefix, value), owned);
+                        reference.retain(|(q, v)| !(*q == prefix && *v == value));
+                    }
+                    _ => {
+                        trie.insert(prefix, value);
+                        reference.retain(|(q, _)| *q != prefix);
+                        reference.push((prefix, value));
+                    }
+                }
+                assert_eq!(trie.len(), reference.len());
+                for _ in 0..20 {
+                    let probe = gen_addr(&mut rng);
+                    let expect = reference
+                        .iter()
+                        .filter(|(q, _)| Prefix::new(probe, q.len).unwrap().addr == q.addr)
+                        .max_by_key(|(q, _)| q.len)
+                        .map(|(_, v)| *v);
+                    assert_eq!(trie.lookup(probe), expect, "probe {probe}");
+                }
+            }
+            let mut listed = Vec::new();
+            trie.for_each(|q, v| listed.push((q, v)));
+            listed.sort();
+            reference.sort();
+            assert_eq!(listed, reference);
+        }
+    }
+}

@@ -1,0 +1,213 @@
+//! Cryptographic primitives exactly as the WireGuard whitepaper (§5.4) names them:
+//! HASH, MAC, HMAC, KDF1..3, DH, AEAD and XAEAD.
+//!
+//! Why these crates: BLAKE2s comes from RustCrypto's `blake2` (the handshake is not the
+//! hot path); ChaCha20-Poly1305 for transport data comes from `ring`, whose assembly is
+//! the fastest available on x86_64; XChaCha20-Poly1305 (cookie replies only) comes from
+//! RustCrypto because ring does not offer the extended nonce.
+
+use blake2::digest::{FixedOutput, KeyInit, Mac, Update};
+use blake2::{Blake2s256, Blake2sMac, Digest};
+use chacha20poly1305::aead::AeadInPlace;
+use chacha20poly1305::XChaCha20Poly1305;
+use ring::aead::{self, LessSafeKey, UnboundKey, CHACHA20_POLY1305};
+use zeroize::Zeroize;
+
+pub const KEY_LEN: usize = 32;
+pub const HASH_LEN: usize = 32;
+pub const MAC_LEN: usize = 16;
+pub const TAG_LEN: usize = 16;
+pub const XNONCE_LEN: usize = 24;
+
+/// BLAKE2s block size, which HMAC pads its key to.
+const BLAKE2S_BLOCK: usize = 64;
+
+/// Error returned when an AEAD tag does not verify.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("authentication tag did not verify")]
+pub struct AeadError;
+
+/// HASH(a || b || ...): unkeyed BLAKE2s-256 over the concatenation of `parts`.
+pub fn hash(parts: &[&[u8]]) -> [u8; HASH_LEN] {
+    let mut h = Blake2s256::new();
+    for p in parts {
+        Digest::update(&mut h, p);
+    }
+    h.finalize().into()
+}
+
+/// MAC(key, input): keyed BLAKE2s with a 16-byte output (used for mac1, mac2, cookies).
+pub fn mac(key: &[u8], parts: &[&[u8]]) -> [u8; MAC_LEN] {
+    let mut m = <Blake2sMac<blake2::digest::consts::U16> as KeyInit>::new_from_slice(key)
+        .expect("BLAKE2s accepts keys up to 32 bytes; callers pass 16 or 32");
+    for p in parts {
+        Mac::update(&mut m, p);
+    }
+    m.finalize_fixed().into()
+}
+
+/// HMAC(key, input) with BLAKE2s-256 as the hash (RFC 2104 construction, 64-byte block).
+pub fn hmac(key: &[u8], parts: &[&[u8]]) -> [u8; HASH_LEN] {
+    let mut block = [0u8; BLAKE2S_BLOCK];
+    if key.len() > BLAKE2S_BLOCK {
+        block[..HASH_LEN].copy_from_slice(&hash(&[key]));
+    } else {
+        block[..key.len()].copy_from_slice(key);
+    }
+    let mut ipad = [0u8; BLAKE2S_BLOCK];
+    let mut opad = [0u8; BLAKE2S_BLOCK];
+    for i in 0..BLAKE2S_BLOCK {
+        ipad[i] = block[i] ^ 0x36;
+        opad[i] = block[i] ^ 0x5c;
+    }
+    let mut inner = Blake2s256::new();
+    Update::update(&mut inner, &ipad);
+    for p in parts {
+        Update::update(&mut inner, p);
+    }
+    let mut inner_out: [u8; HASH_LEN] = inner.finalize().into();
+    let mut outer = Blake2s256::new();
+    Update::update(&mut outer, &opad);
+    Update::update(&mut outer, &inner_out);
+    let out = outer.finalize().into();
+    block.zeroize();
+    ipad.zeroize();
+    opad.zeroize();
+    inner_out.zeroize();
+    out
+}
+
+/// KDF_n(key, input) from the whitepaper: HKDF with HMAC-BLAKE2s, returning `N` outputs.
+pub fn kdf<const N: usize>(key: &[u8; HASH_LEN], input: &[u8]) -> [[u8; HASH_LEN]; N] {
+    let mut prk = hmac(key, &[input]);
+    let mut out = [[0u8; HASH_LEN]; N];
+    let mut prev: Option<[u8; HASH_LEN]> = None;
+    for (i, slot) in out.iter_mut().enumerate() {
+        let counter = [i as u8 + 1];
+        let t = match &prev {
+            None => hmac(&prk, &[&counter]),
+            Some(p) => hmac(&prk, &[p, &counter]),
+        };
+        *slot = t;
+        prev = Some(t);
+    }
+    prk.zeroize();
+    out
+}
+
+/// The 96-bit AEAD nonce WireGuard uses: 32 zero bits followed by a little-endian counter.
+fn nonce96(counter: u64) -> aead::Nonce {
+    let mut n = [0u8; 12];
+    n[4..].copy_from_slice(&counter.to_le_bytes());
+    aead::Nonce::assume_unique_for_key(n)
+}
+
+/// A ChaCha20-Poly1305 key ready for repeated in-place use (transport data and the
+/// handshake's AEAD fields).
+pub struct AeadKey(LessSafeKey);
+
+impl AeadKey {
+    pub fn new(key: &[u8; KEY_LEN]) -> Self {
+        let unbound =
+            UnboundKey::new(&CHACHA20_POLY1305, key).expect("ChaCha20-Poly1305 key is 32 bytes");
+        AeadKey(LessSafeKey::new(unbound))
+    }
+
+    /// Encrypts `buf[..len - TAG_LEN]` in place and writes the tag into the last
+    /// `TAG_LEN` bytes. `buf.len()` must be at least `TAG_LEN`.
+    pub fn seal_in_place(&self, counter: u64, aad: &[u8], buf: &mut [u8]) {
+        let split = buf.len() - TAG_LEN;
+        let (data, tag_out) = buf.split_at_mut(split);
+        let tag = self
+            .0
+            .seal_in_place_separate_tag(nonce96(counter), aead::Aad::from(aad), data)
+            .expect("ChaCha20-Poly1305 seal only fails for inputs over 256 GiB");
+        tag_out.copy_from_slice(tag.as_ref());
+    }
+
+    /// Decrypts `buf` (ciphertext followed by the tag) in place; on success the
+    /// plaintext is `buf[..buf.len() - TAG_LEN]`.
+    pub fn open_in_place(&self, counter: u64, aad: &[u8], buf: &mut [u8]) -> Result<(), AeadError> {
+        if buf.len() < TAG_LEN {
+            return Err(AeadError);
+        }
+        self.0
+            .open_in_place(nonce96(counter), aead::Aad::from(aad), buf)
+            .map(|_| ())
+            .map_err(|_| AeadError)
+    }
+}
+
+/// AEAD(key, counter, plain, aad) returning a fresh vector (handshake fields only).
+pub fn aead_seal(key: &[u8; KEY_LEN], counter: u64, plain: &[u8], aad: &[u8]) -> Vec<u8> {
+    let mut buf = Vec::with_capacity(plain.len() + TAG_LEN);
+    buf.extend_from_slice(plain);
+    buf.extend_from_slice(&[0u8; TAG_LEN]);
+    AeadKey::new(key).seal_in_place(counter, aad, &mut buf);
+    buf
+}
+
+/// Inverse of [`aead_seal`]: returns the plaintext.
+pub fn aead_open(
+    key: &[u8; KEY_LEN],
+    counter: u64,
+    sealed: &[u8],
+    aad: &[u8],
+) -> Result<Vec<u8>, AeadError> {
+    let mut buf = sealed.to_vec();
+    AeadKey::new(key).open_in_place(counter, aad, &mut buf)?;
+    buf.truncate(buf.len() - TAG_LEN);
+    Ok(buf)
+}
+
+/// XAEAD(key, nonce, plain, aad): XChaCha20-Poly1305, used only for cookie replies.
+pub fn xaead_seal(
+    key: &[u8; KEY_LEN],
+    nonce: &[u8; XNONCE_LEN],
+    plain: &[u8],
+    aad: &[u8],
+) -> Vec<u8> {
+    let cipher = XChaCha20Poly1305::new(key.into());
+    let mut buf = plain.to_vec();
+    cipher
+        .encrypt_in_place(nonce.into(), aad, &mut buf)
+        .expect("XChaCha20-Poly1305 seal only fails for huge inputs");
+    buf
+}
+
+/// Inverse of [`xaead_seal`].
+pub fn xaead_open(
+    key: &[u8; KEY_LEN],
+    nonce: &[u8; XNONCE_LEN],
+    sealed: &[u8],
+    aad: &[u8],
+) -> Result<Vec<u8>, AeadError> {
+    let cipher = XChaCha20Poly1305::new(key.into());
+    let mut buf = sealed.to_vec();
+    cipher
+        .decrypt_in_place(nonce.into(), aad, &mut buf)
+        .map_err(|_| AeadError)?;
+    Ok(buf)
+}
+
+/// DH(private, public): X25519. Returns `None` for a low-order public key, whose shared
+/// secret is all zeros; the kernel rejects those handshakes and so do we.
+pub fn dh(private: &x25519_dalek::StaticSecret, public: &[u8; KEY_LEN]) -> Option<[u8; KEY_LEN]> {
+    let shared = private.diffie_hellman(&x25519_dalek::PublicKey::from(*public));
+    if shared.was_contributory() {
+        Some(shared.to_bytes())
+    } else {
+        None
+    }
+}
+
+/// Derives the public key of a private key.
+pub fn public_key(private: &x25519_dalek::StaticSecret) -> [u8; KEY_LEN] {
+    x25519_dalek::PublicKey::from(private).to_bytes()
+}
+
+/// Constant-time comparison for MACs and keys.
+pub fn ct_eq(a: &[u8], b: &[u8]) -> bool {
+    // Accumulate differences without an early exit so timing does not leak the position.
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}

@@ -1,0 +1,118 @@
+//! A transport keypair: the two ChaCha20-Poly1305 keys one handshake produced, the send
+//! counter, and the receive replay window.
+//!
+//! Concurrency: a keypair is shared (`Arc`) between the serial stages and the parallel
+//! crypt workers. Sealing and opening take `&self` and never lock, so any number of
+//! workers can encrypt one peer's packets at once. Counters are reserved with one atomic
+//! add per batch. The replay window sits behind its own mutex, which only the peer's
+//! ordered receive stage takes, after decryption.
+
+use crate::crypto::{AeadError, AeadKey, TAG_LEN};
+use crate::handshake::SessionKeys;
+use crate::messages::{TransportHeader, TRANSPORT_HEADER_LEN};
+use crate::replay::ReplayWindow;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+pub const REKEY_AFTER_MESSAGES: u64 = 1 << 60;
+pub const REJECT_AFTER_MESSAGES: u64 = u64::MAX - (1 << 13) - 1;
+pub const REKEY_AFTER_TIME: Duration = Duration::from_secs(120);
+pub const REJECT_AFTER_TIME: Duration = Duration::from_secs(180);
+
+pub struct Keypair {
+    send: AeadKey,
+    recv: AeadKey,
+    send_counter: AtomicU64,
+    /// Cleared when the keypair is expired early (key change, peer removal).
+    send_valid: AtomicBool,
+    pub local_index: u32,
+    pub remote_index: u32,
+    pub created: Duration,
+    pub is_initiator: bool,
+    replay: Mutex<ReplayWindow>,
+}
+
+impl Keypair {
+    pub fn new(keys: &SessionKeys, created: Duration) -> Self {
+        Keypair {
+            send: AeadKey::new(&keys.send),
+            recv: AeadKey::new(&keys.recv),
+            send_counter: AtomicU64::new(0),
+            send_valid: AtomicBool::new(true),
+            local_index: keys.local_index,
+            remote_index: keys.remote_index,
+            created,
+            is_initiator: keys.is_initiator,
+            replay: Mutex::new(ReplayWindow::default()),
+        }
+    }
+
+    /// Reserves `n` consecutive send counters; `None` once the keypair may no longer
+    /// send (too old, too many messages, or expired early).
+    pub fn reserve_counters(&self, n: u64, now: Duration) -> Option<u64> {
+        if !self.can_send(now) {
+            return None;
+        }
+        let first = self.send_counter.fetch_add(n, Ordering::Relaxed);
+        if first.checked_add(n)? > REJECT_AFTER_MESSAGES {
+            // Leave the counter past the limit so every later caller fails too.
+            return None;
+        }
+        Some(first)
+    }
+
+    pub fn can_send(&self, now: Duration) -> bool {
+        self.send_valid.load(Ordering::Relaxed)
+            && now.saturating_sub(self.created) < REJECT_AFTER_TIME
+            && self.send_counter.load(Ordering::Relaxed) < REJECT_AFTER_MESSAGES
+    }
+
+    pub fn can_receive(&self, now: Duration) -> bool {
+        now.saturating_sub(self.created) < REJECT_AFTER_TIME
+    }
+
+    /// Messages sent so far (the next counter to use).
+    pub fn sent_messages(&self) -> u64 {
+        self.send_counter.load(Ordering::Relaxed)
+    }
+
+    pub fn expire(&self) {
+        self.send_valid.store(false, Ordering::Relaxed);
+    }
+
+    /// Whether the sender side should start a new handshake (whitepaper §6.2).
+    pub fn wants_rekey_on_send(&self, now: Duration) -> bool {
+        self.send_valid.load(Ordering::Relaxed)
+            && (self.sent_messages() > REKEY_AFTER_MESSAGES
+                || (self.is_initiator && now.saturating_sub(self.created) >= REKEY_AFTER_TIME))
+    }
+
+    /// Encrypts a transport message in place. `msg` holds the 16-byte header room, the
+    /// padded plaintext, and `TAG_LEN` bytes of tail room.
+    pub fn seal(&self, counter: u64, msg: &mut [u8]) {
+        TransportHeader {
+            receiver: self.remote_index,
+            counter,
+        }
+        .write(msg);
+        self.send
+            .seal_in_place(counter, &[], &mut msg[TRANSPORT_HEADER_LEN..]);
+    }
+
+    /// Decrypts a transport message in place; returns the plaintext length, which starts
+    /// at `TRANSPORT_HEADER_LEN`.
+    pub fn open(&self, counter: u64, msg: &mut [u8]) -> Result<usize, AeadError> {
+        self.recv
+            .open_in_place(counter, &[], &mut msg[TRANSPORT_HEADER_LEN..])?;
+        Ok(msg.len() - TRANSPORT_HEADER_LEN - TAG_LEN)
+    }
+
+    /// Replay check, after successful decryption (ordered stage only).
+    pub fn accept_counter(&self, counter: u64) -> bool {
+        self.replay
+            .lock()
+            .expect("replay window lock poisoned")
+            .accept(counter)
+    }
+}

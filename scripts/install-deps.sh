@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Installs everything the tests and the demo need on a fresh Debian machine (run as root).
+# Idempotent: each step is skipped when its tool is already present.
+set -euo pipefail
+
+WIREGUARD_GO_VERSION="v0.0.0-20260522210424-ecfc5a8d5446"
+export PATH="$HOME/.cargo/bin:/usr/local/go/bin:$HOME/go/bin:$PATH"
+
+need_apt=()
+command -v wg >/dev/null 2>&1 || need_apt+=(wireguard-tools)
+command -v ip >/dev/null 2>&1 || need_apt+=(iproute2)
+command -v iperf3 >/dev/null 2>&1 || need_apt+=(iperf3)
+command -v curl >/dev/null 2>&1 || need_apt+=(curl ca-certificates)
+command -v cc >/dev/null 2>&1 || need_apt+=(build-essential)
+command -v go >/dev/null 2>&1 || need_apt+=(golang-go)
+if [ "${#need_apt[@]}" -gt 0 ]; then
+    echo "install-deps: apt-get install ${need_apt[*]}"
+    apt-get update -q
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${need_apt[@]}"
+fi
+
+if ! command -v cargo >/dev/null 2>&1; then
+    echo "install-deps: installing Rust with rustup"
+    curl -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal --component clippy,rustfmt
+fi
+
+if ! command -v wireguard-go >/dev/null 2>&1; then
+    echo "install-deps: go install wireguard-go@$WIREGUARD_GO_VERSION"
+    GOBIN="$HOME/go/bin" go install "golang.zx2c4.com/wireguard@$WIREGUARD_GO_VERSION"
+    mv "$HOME/go/bin/wireguard" "$HOME/go/bin/wireguard-go"
+fi
+
+if ! command -v boringtun-cli >/dev/null 2>&1; then
+    echo "install-deps: cargo install boringtun-cli"
+    cargo install --locked boringtun-cli
+fi
+
+echo "install-deps: ready: $(wg --version 2>&1 | head -1); wireguard-go $(wireguard-go --version 2>&1 | head -1); $(boringtun-cli --version 2>&1 | head -1)"
