@@ -197,35 +197,52 @@ pub enum GateVerdict {
     Drop(GateDrop),
 }
 
-/// The responder's admission policy (whitepaper §5.3): mac1 always; while under load,
-/// a valid mac2 and the per-source rate limit as well.
-pub fn admit(
-    checker: &mut CookieChecker,
-    limiter: &mut crate::ratelimiter::RateLimiter,
-    msg: &[u8],
-    sender_index: u32,
-    src: &SocketAddr,
-    under_load: bool,
-    now: Duration,
-    rng: &mut dyn RngCore,
-) -> GateVerdict {
-    if !under_load {
-        return if checker.mac1_valid(msg) {
-            GateVerdict::Process
-        } else {
-            GateVerdict::Drop(GateDrop::InvalidMac1)
-        };
-    }
-    match checker.verify(msg, src, now, rng) {
-        MacVerdict::InvalidMac1 => GateVerdict::Drop(GateDrop::InvalidMac1),
-        MacVerdict::Mac1Only => {
-            GateVerdict::SendCookieReply(checker.create_reply(msg, sender_index, src, now, rng))
+/// The responder's admission policy (whitepaper §5.3), one per interface: mac1
+/// always; while under load, a valid mac2 and the per-source rate limit as well.
+pub struct Gate {
+    pub checker: CookieChecker,
+    pub limiter: crate::ratelimiter::RateLimiter,
+}
+
+impl Gate {
+    pub fn new(our_public: &[u8; 32], limiter_capacity: usize) -> Self {
+        Gate {
+            checker: CookieChecker::new(our_public),
+            limiter: crate::ratelimiter::RateLimiter::new(limiter_capacity),
         }
-        MacVerdict::Mac2Valid => {
-            if limiter.allow(src.ip(), now) {
+    }
+
+    pub fn admit(
+        &mut self,
+        msg: &[u8],
+        sender_index: u32,
+        src: &SocketAddr,
+        under_load: bool,
+        now: Duration,
+        rng: &mut dyn RngCore,
+    ) -> GateVerdict {
+        if !under_load {
+            return if self.checker.mac1_valid(msg) {
                 GateVerdict::Process
             } else {
-                GateVerdict::Drop(GateDrop::RateLimited)
+                GateVerdict::Drop(GateDrop::InvalidMac1)
+            };
+        }
+        match self.checker.verify(msg, src, now, rng) {
+            MacVerdict::InvalidMac1 => GateVerdict::Drop(GateDrop::InvalidMac1),
+            MacVerdict::Mac1Only => GateVerdict::SendCookieReply(self.checker.create_reply(
+                msg,
+                sender_index,
+                src,
+                now,
+                rng,
+            )),
+            MacVerdict::Mac2Valid => {
+                if self.limiter.allow(src.ip(), now) {
+                    GateVerdict::Process
+                } else {
+                    GateVerdict::Drop(GateDrop::RateLimited)
+                }
             }
         }
     }

@@ -231,7 +231,7 @@ mod tests {
         assert_eq!(classify(&[1, 0, 0]), Err(ParseError::TooShort(3)));
         assert_eq!(classify(&[9, 0, 0, 0]), Err(ParseError::UnknownType(9)));
         assert_eq!(classify(&[1, 0, 1, 0]), Err(ParseError::Reserved));
-        assert!(matches!(classify(&[1u8; 147]), Err(_)));
+        assert!(classify(&[1u8; 147]).is_err());
         let mut init = [0u8; INITIATION_LEN];
         init[0] = 1;
         assert_eq!(classify(&init), Ok(Kind::Initiation));
