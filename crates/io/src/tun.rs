@@ -1,0 +1,104 @@
+//! The TUN device: a layer-3 interface whose packets we read and write as plain IP.
+
+use crate::{cvt, cvt_size};
+use std::ffi::CStr;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+/// MTU a new interface starts with, as wireguard-go chooses it.
+pub const DEFAULT_MTU: u32 = 1420;
+
+pub struct Tun {
+    fd: OwnedFd,
+    name: String,
+}
+
+fn ifreq_with_name(name: &str) -> io::Result<libc::ifreq> {
+    if name.is_empty()
+        || name.len() >= libc::IFNAMSIZ
+        || name.contains('/')
+        || name.contains(char::is_whitespace)
+    {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("invalid interface name '{name}': 1 to 15 characters, no '/' or spaces"),
+        ));
+    }
+    // SAFETY: ifreq is plain old data; all-zero is a valid value.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (dst, src) in req.ifr_name.iter_mut().zip(name.as_bytes()) {
+        *dst = *src as libc::c_char;
+    }
+    Ok(req)
+}
+
+/// Runs an interface ioctl on a throwaway datagram socket.
+fn if_ioctl(req: &mut libc::ifreq, op: libc::c_ulong) -> io::Result<()> {
+    // SAFETY: plain socket creation; result checked.
+    let s = cvt(unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) })?;
+    // SAFETY: s is ours; wrapping closes it on every path.
+    let s = unsafe { OwnedFd::from_raw_fd(s) };
+    // SAFETY: req is a valid ifreq for the interface ioctls we pass.
+    cvt(unsafe { libc::ioctl(s.as_raw_fd(), op as _, req as *mut libc::ifreq) })?;
+    Ok(())
+}
+
+impl Tun {
+    /// Creates (or attaches to) the TUN interface `name`, without packet information
+    /// headers, and sets its MTU to [`DEFAULT_MTU`].
+    pub fn create(name: &str) -> io::Result<Tun> {
+        let mut req = ifreq_with_name(name)?;
+        // SAFETY: path is a valid C string; result checked.
+        let fd = cvt(unsafe {
+            libc::open(
+                c"/dev/net/tun".as_ptr(),
+                libc::O_RDWR | libc::O_CLOEXEC | libc::O_NONBLOCK,
+            )
+        })?;
+        // SAFETY: fd was just opened and is exclusively ours.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        req.ifr_ifru.ifru_flags = (libc::IFF_TUN | libc::IFF_NO_PI) as libc::c_short;
+        // SAFETY: TUNSETIFF takes a pointer to ifreq.
+        cvt(unsafe { libc::ioctl(fd.as_raw_fd(), libc::TUNSETIFF as _, &mut req) })?;
+        // SAFETY: the kernel wrote a NUL-terminated name into ifr_name.
+        let actual = unsafe { CStr::from_ptr(req.ifr_name.as_ptr()) }
+            .to_string_lossy()
+            .into_owned();
+        let tun = Tun { fd, name: actual };
+        tun.set_mtu(DEFAULT_MTU)?;
+        Ok(tun)
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+
+    pub fn mtu(&self) -> io::Result<u32> {
+        let mut req = ifreq_with_name(&self.name)?;
+        if_ioctl(&mut req, libc::SIOCGIFMTU)?;
+        // SAFETY: SIOCGIFMTU filled the mtu member of the union.
+        Ok(unsafe { req.ifr_ifru.ifru_mtu } as u32)
+    }
+
+    pub fn set_mtu(&self, mtu: u32) -> io::Result<()> {
+        let mut req = ifreq_with_name(&self.name)?;
+        req.ifr_ifru.ifru_mtu = mtu as libc::c_int;
+        if_ioctl(&mut req, libc::SIOCSIFMTU)
+    }
+
+    /// Reads one packet; `WouldBlock` when none is queued (the fd is non-blocking).
+    pub fn read(&self, buf: &mut [u8]) -> io::Result<usize> {
+        // SAFETY: buf is valid for writes of buf.len() bytes.
+        cvt_size(unsafe { libc::read(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) })
+    }
+
+    /// Writes one packet.
+    pub fn write(&self, pkt: &[u8]) -> io::Result<usize> {
+        // SAFETY: pkt is valid for reads of pkt.len() bytes.
+        cvt_size(unsafe { libc::write(self.fd.as_raw_fd(), pkt.as_ptr().cast(), pkt.len()) })
+    }
+}

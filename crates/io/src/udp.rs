@@ -1,0 +1,330 @@
+//! UDP sockets for the outer path, with batched receive (`recvmmsg`) and send
+//! (`sendmmsg`). One socket per address family; the IPv6 one is V6ONLY so both can
+//! share a port.
+
+use crate::{cvt, cvt_size};
+use std::io;
+use std::mem::{size_of, zeroed};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+/// Socket buffer size we ask for; large buffers absorb bursts between batches.
+const SOCKET_BUFFER: libc::c_int = 7 << 20;
+
+pub struct UdpSocket {
+    fd: OwnedFd,
+    v6: bool,
+}
+
+fn to_sockaddr(addr: &SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
+    // SAFETY: sockaddr_storage is plain data; zero is valid.
+    let mut ss: libc::sockaddr_storage = unsafe { zeroed() };
+    let len = match addr {
+        SocketAddr::V4(a) => {
+            let sin = libc::sockaddr_in {
+                sin_family: libc::AF_INET as libc::sa_family_t,
+                sin_port: a.port().to_be(),
+                sin_addr: libc::in_addr {
+                    s_addr: u32::from_ne_bytes(a.ip().octets()),
+                },
+                sin_zero: [0; 8],
+            };
+            // SAFETY: sockaddr_storage is large and aligned enough for sockaddr_in.
+            unsafe { std::ptr::write(&mut ss as *mut _ as *mut libc::sockaddr_in, sin) };
+            size_of::<libc::sockaddr_in>()
+        }
+        SocketAddr::V6(a) => {
+            let sin6 = libc::sockaddr_in6 {
+                sin6_family: libc::AF_INET6 as libc::sa_family_t,
+                sin6_port: a.port().to_be(),
+                sin6_flowinfo: a.flowinfo(),
+                sin6_addr: libc::in6_addr {
+                    s6_addr: a.ip().octets(),
+                },
+                sin6_scope_id: a.scope_id(),
+            };
+            // SAFETY: as above, for sockaddr_in6.
+            unsafe { std::ptr::write(&mut ss as *mut _ as *mut libc::sockaddr_in6, sin6) };
+            size_of::<libc::sockaddr_in6>()
+        }
+    };
+    (ss, len as libc::socklen_t)
+}
+
+fn from_sockaddr(ss: &libc::sockaddr_storage) -> Option<SocketAddr> {
+    match ss.ss_family as libc::c_int {
+        libc::AF_INET => {
+            // SAFETY: the family says the storage holds a sockaddr_in.
+            let sin = unsafe { &*(ss as *const _ as *const libc::sockaddr_in) };
+            Some(SocketAddr::V4(SocketAddrV4::new(
+                Ipv4Addr::from(sin.sin_addr.s_addr.to_ne_bytes()),
+                u16::from_be(sin.sin_port),
+            )))
+        }
+        libc::AF_INET6 => {
+            // SAFETY: the family says the storage holds a sockaddr_in6.
+            let sin6 = unsafe { &*(ss as *const _ as *const libc::sockaddr_in6) };
+            let ip = Ipv6Addr::from(sin6.sin6_addr.s6_addr);
+            // Report v4-mapped sources as plain IPv4 so endpoints compare equal.
+            if let Some(v4) = ip.to_ipv4_mapped() {
+                return Some(SocketAddr::V4(SocketAddrV4::new(
+                    v4,
+                    u16::from_be(sin6.sin6_port),
+                )));
+            }
+            Some(SocketAddr::V6(SocketAddrV6::new(
+                ip,
+                u16::from_be(sin6.sin6_port),
+                sin6.sin6_flowinfo,
+                sin6.sin6_scope_id,
+            )))
+        }
+        _ => None,
+    }
+}
+
+fn setsockopt_int(
+    fd: RawFd,
+    level: libc::c_int,
+    opt: libc::c_int,
+    v: libc::c_int,
+) -> io::Result<()> {
+    // SAFETY: passes a pointer to a live c_int with its exact size.
+    cvt(unsafe {
+        libc::setsockopt(
+            fd,
+            level,
+            opt,
+            &v as *const _ as *const libc::c_void,
+            size_of::<libc::c_int>() as _,
+        )
+    })
+    .map(|_| ())
+}
+
+impl UdpSocket {
+    /// Binds a non-blocking UDP socket on the wildcard address of one family.
+    pub fn bind(v6: bool, port: u16) -> io::Result<UdpSocket> {
+        let family = if v6 { libc::AF_INET6 } else { libc::AF_INET };
+        // SAFETY: plain socket creation; result checked.
+        let fd = cvt(unsafe {
+            libc::socket(
+                family,
+                libc::SOCK_DGRAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
+                0,
+            )
+        })?;
+        // SAFETY: fresh descriptor, exclusively ours.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let raw = fd.as_raw_fd();
+        if v6 {
+            setsockopt_int(raw, libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, 1)?;
+        }
+        // Forced sizes need CAP_NET_ADMIN; fall back to the capped ones without it.
+        for (force, plain) in [
+            (libc::SO_RCVBUFFORCE, libc::SO_RCVBUF),
+            (libc::SO_SNDBUFFORCE, libc::SO_SNDBUF),
+        ] {
+            if setsockopt_int(raw, libc::SOL_SOCKET, force, SOCKET_BUFFER).is_err() {
+                let _ = setsockopt_int(raw, libc::SOL_SOCKET, plain, SOCKET_BUFFER);
+            }
+        }
+        let addr = if v6 {
+            SocketAddr::from((Ipv6Addr::UNSPECIFIED, port))
+        } else {
+            SocketAddr::from((Ipv4Addr::UNSPECIFIED, port))
+        };
+        let (ss, len) = to_sockaddr(&addr);
+        // SAFETY: ss holds a valid sockaddr of length len.
+        cvt(unsafe { libc::bind(raw, &ss as *const _ as *const libc::sockaddr, len) })?;
+        Ok(UdpSocket { fd, v6 })
+    }
+
+    pub fn fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+
+    pub fn is_v6(&self) -> bool {
+        self.v6
+    }
+
+    pub fn local_port(&self) -> io::Result<u16> {
+        // SAFETY: zeroed storage is valid; getsockname fills at most len bytes.
+        let mut ss: libc::sockaddr_storage = unsafe { zeroed() };
+        let mut len = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+        // SAFETY: pointers to live storage and its length.
+        cvt(unsafe {
+            libc::getsockname(
+                self.fd(),
+                &mut ss as *mut _ as *mut libc::sockaddr,
+                &mut len,
+            )
+        })?;
+        from_sockaddr(&ss)
+            .map(|a| a.port())
+            .ok_or_else(|| io::Error::other("unexpected socket family"))
+    }
+
+    /// Sets SO_MARK (the fwmark) on outgoing packets; 0 clears it.
+    pub fn set_mark(&self, mark: u32) -> io::Result<()> {
+        setsockopt_int(
+            self.fd(),
+            libc::SOL_SOCKET,
+            libc::SO_MARK,
+            mark as libc::c_int,
+        )
+    }
+
+    /// Receives up to `bufs.len()` datagrams. Fills `lens` and `srcs` for each one
+    /// received and returns the count; `WouldBlock` when nothing is queued.
+    pub fn recv_batch(
+        &self,
+        bufs: &mut [Vec<u8>],
+        lens: &mut [usize],
+        srcs: &mut [Option<SocketAddr>],
+    ) -> io::Result<usize> {
+        let n = bufs.len().min(lens.len()).min(srcs.len());
+        // SAFETY: all-zero iovec/mmsghdr/sockaddr_storage are valid initial values.
+        let mut iovs: Vec<libc::iovec> = vec![unsafe { zeroed() }; n];
+        let mut names: Vec<libc::sockaddr_storage> = vec![unsafe { zeroed() }; n];
+        let mut hdrs: Vec<libc::mmsghdr> = vec![unsafe { zeroed() }; n];
+        for i in 0..n {
+            iovs[i] = libc::iovec {
+                iov_base: bufs[i].as_mut_ptr().cast(),
+                iov_len: bufs[i].len(),
+            };
+            hdrs[i].msg_hdr.msg_name = (&mut names[i] as *mut libc::sockaddr_storage).cast();
+            hdrs[i].msg_hdr.msg_namelen = size_of::<libc::sockaddr_storage>() as _;
+            hdrs[i].msg_hdr.msg_iov = &mut iovs[i];
+            hdrs[i].msg_hdr.msg_iovlen = 1;
+        }
+        // SAFETY: every header points at live buffers owned by this frame or `bufs`,
+        // which outlive the call.
+        let got = cvt(unsafe {
+            libc::recvmmsg(
+                self.fd(),
+                hdrs.as_mut_ptr(),
+                n as _,
+                libc::MSG_DONTWAIT,
+                std::ptr::null_mut(),
+            )
+        })? as usize;
+        for i in 0..got {
+            lens[i] = hdrs[i].msg_len as usize;
+            srcs[i] = from_sockaddr(&names[i]);
+        }
+        Ok(got)
+    }
+
+    /// Sends each `(payload, destination)`; returns how many the kernel took. Stops at
+    /// the first failure that is not about one datagram only.
+    pub fn send_batch(&self, msgs: &[(&[u8], SocketAddr)]) -> io::Result<usize> {
+        let mut sent = 0;
+        let mut names: Vec<_> = msgs
+            .iter()
+            .map(|(_, dst)| to_sockaddr(&self.map_destination(dst)))
+            .collect();
+        // SAFETY: zeroed iovec/mmsghdr are valid initial values.
+        let mut iovs: Vec<libc::iovec> = vec![unsafe { zeroed() }; msgs.len()];
+        let mut hdrs: Vec<libc::mmsghdr> = vec![unsafe { zeroed() }; msgs.len()];
+        for (i, (payload, _)) in msgs.iter().enumerate() {
+            iovs[i] = libc::iovec {
+                iov_base: payload.as_ptr() as *mut _,
+                iov_len: payload.len(),
+            };
+            hdrs[i].msg_hdr.msg_name = (&mut names[i].0 as *mut libc::sockaddr_storage).cast();
+            hdrs[i].msg_hdr.msg_namelen = names[i].1;
+            hdrs[i].msg_hdr.msg_iov = &mut iovs[i];
+            hdrs[i].msg_hdr.msg_iovlen = 1;
+        }
+        while sent < msgs.len() {
+            // SAFETY: headers point at live buffers for the duration of the call.
+            let r = unsafe {
+                libc::sendmmsg(
+                    self.fd(),
+                    hdrs[sent..].as_mut_ptr(),
+                    (msgs.len() - sent) as _,
+                    0,
+                )
+            };
+            match cvt(r) {
+                Ok(k) => sent += k as usize,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    // The send buffer is full: wait for room instead of dropping.
+                    let mut p = libc::pollfd {
+                        fd: self.fd(),
+                        events: libc::POLLOUT,
+                        revents: 0,
+                    };
+                    // SAFETY: one valid pollfd.
+                    unsafe { libc::poll(&mut p, 1, 100) };
+                }
+                // An unreachable destination fails only its own datagram: skip it.
+                Err(_) if sent + 1 < msgs.len() => sent += 1,
+                Err(e) => return if sent > 0 { Ok(sent) } else { Err(e) },
+            }
+        }
+        Ok(sent)
+    }
+
+    /// An IPv4 destination on an IPv6 socket is not possible (V6ONLY); callers pick the
+    /// socket by family, so this only normalises mapped addresses.
+    fn map_destination(&self, dst: &SocketAddr) -> SocketAddr {
+        match dst {
+            SocketAddr::V6(a) if !self.v6 => match a.ip().to_ipv4_mapped() {
+                Some(v4) => SocketAddr::from((v4, a.port())),
+                None => *dst,
+            },
+            _ => *dst,
+        }
+    }
+
+    /// Sends one datagram.
+    pub fn send_to(&self, payload: &[u8], dst: &SocketAddr) -> io::Result<usize> {
+        let (ss, len) = to_sockaddr(&self.map_destination(dst));
+        // SAFETY: payload and ss are valid for the call.
+        cvt_size(unsafe {
+            libc::sendto(
+                self.fd(),
+                payload.as_ptr().cast(),
+                payload.len(),
+                0,
+                &ss as *const _ as *const libc::sockaddr,
+                len,
+            )
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batch_roundtrip_on_loopback() {
+        let a = UdpSocket::bind(false, 0).unwrap();
+        let b = UdpSocket::bind(false, 0).unwrap();
+        let dst = SocketAddr::from(([127, 0, 0, 1], b.local_port().unwrap()));
+        let payloads: Vec<Vec<u8>> = (0..10u8).map(|i| vec![i; 100 + i as usize]).collect();
+        let msgs: Vec<(&[u8], SocketAddr)> = payloads.iter().map(|p| (p.as_slice(), dst)).collect();
+        assert_eq!(a.send_batch(&msgs).unwrap(), 10);
+        let mut bufs = vec![vec![0u8; 2048]; 16];
+        let mut lens = [0; 16];
+        let mut srcs = [None; 16];
+        let mut got = 0;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        while got < 10 && std::time::Instant::now() < deadline {
+            match b.recv_batch(&mut bufs[got..], &mut lens[got..], &mut srcs[got..]) {
+                Ok(n) => got += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::thread::yield_now(),
+                Err(e) => panic!("{e}"),
+            }
+        }
+        assert_eq!(got, 10);
+        for i in 0..10 {
+            assert_eq!(&bufs[i][..lens[i]], payloads[i].as_slice());
+            assert_eq!(srcs[i].unwrap().port(), a.local_port().unwrap());
+        }
+    }
+}
