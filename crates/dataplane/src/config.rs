@@ -1,0 +1,233 @@
+//! Configuration of a running device: the validated update the UAPI `set` produces,
+//! applied all at once, and the snapshot `get` reports.
+//!
+//! Atomicity: an update is fully parsed and validated before it gets here. The only
+//! step that can still fail, binding a new listen port, runs first; after it succeeds
+//! everything else is applied under the peer-table write lock, so readers never see a
+//! half-applied update.
+
+use crate::device::{Device, Sockets};
+use crate::peer::Peer;
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+use wirelane_proto::{LocalIdentity, Prefix};
+
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct DeviceUpdate {
+    /// `Some([0; 32])` removes the private key.
+    pub private_key: Option<[u8; 32]>,
+    pub listen_port: Option<u16>,
+    pub fwmark: Option<u32>,
+    pub replace_peers: bool,
+    pub peers: Vec<PeerUpdate>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerUpdate {
+    pub public_key: [u8; 32],
+    pub remove: bool,
+    pub update_only: bool,
+    pub preshared_key: Option<[u8; 32]>,
+    pub endpoint: Option<SocketAddr>,
+    pub persistent_keepalive: Option<u16>,
+    pub replace_allowed_ips: bool,
+    /// Prefixes to add (`true`) or remove (`false`), in order.
+    pub allowed_ips: Vec<(Prefix, bool)>,
+}
+
+impl PeerUpdate {
+    pub fn new(public_key: [u8; 32]) -> Self {
+        PeerUpdate {
+            public_key,
+            remove: false,
+            update_only: false,
+            preshared_key: None,
+            endpoint: None,
+            persistent_keepalive: None,
+            replace_allowed_ips: false,
+            allowed_ips: Vec::new(),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApplyError {
+    #[error("cannot bind UDP port {port}: {source}")]
+    Bind { port: u16, source: std::io::Error },
+    #[error("cannot set fwmark {mark}: {source}")]
+    Fwmark { mark: u32, source: std::io::Error },
+}
+
+/// What `get` reports about one peer.
+#[derive(Debug, Clone)]
+pub struct PeerSnapshot {
+    pub public_key: [u8; 32],
+    pub preshared_key: [u8; 32],
+    pub endpoint: Option<SocketAddr>,
+    pub last_handshake: Option<Duration>,
+    pub rx_bytes: u64,
+    pub tx_bytes: u64,
+    pub persistent_keepalive: u16,
+    pub allowed_ips: Vec<Prefix>,
+}
+
+#[derive(Debug, Clone)]
+pub struct DeviceSnapshot {
+    pub private_key: Option<[u8; 32]>,
+    pub listen_port: u16,
+    pub fwmark: u32,
+    pub peers: Vec<PeerSnapshot>,
+}
+
+impl Device {
+    pub fn apply(&self, update: &DeviceUpdate) -> Result<(), ApplyError> {
+        // Step 1, the fallible one: new sockets if the port changes. Port 0 keeps an
+        // existing binding (wg setconf sends listen_port=0 when a file names none).
+        let (cur_port, cur_mark) = {
+            let s = self.sockets();
+            (s.port, s.fwmark)
+        };
+        let mark = update.fwmark.unwrap_or(cur_mark);
+        let new_sockets = match update.listen_port {
+            Some(p) if p != 0 && p != cur_port => Some(
+                Sockets::bind(p, mark).map_err(|source| ApplyError::Bind { port: p, source })?,
+            ),
+            _ => None,
+        };
+        if new_sockets.is_none() && mark != cur_mark {
+            self.sockets()
+                .apply_fwmark(mark)
+                .map_err(|source| ApplyError::Fwmark { mark, source })?;
+        }
+
+        // Step 2: everything else, under the table lock.
+        let mut touched: Vec<(Arc<Peer>, Option<u16>)> = Vec::new();
+        {
+            let mut table = self.table_mut();
+            if let Some(s) = new_sockets {
+                self.replace_sockets(s);
+            } else if mark != cur_mark {
+                self.sockets_mut().fwmark = mark;
+            }
+            if let Some(k) = update.private_key {
+                self.change_identity(&mut table, k);
+            }
+            if update.replace_peers {
+                let all: Vec<_> = table.by_id.values().cloned().collect();
+                for p in all {
+                    self.forget_peer(&mut table, &p);
+                }
+            }
+            let own = self.identity().map(|i| i.public);
+            for pu in &update.peers {
+                if Some(pu.public_key) == own {
+                    continue; // A peer with our own key is meaningless; ignore it.
+                }
+                let existing = table.by_key.get(&pu.public_key).cloned();
+                if pu.remove {
+                    if let Some(p) = existing {
+                        self.forget_peer(&mut table, &p);
+                    }
+                    continue;
+                }
+                let peer = match existing {
+                    Some(p) => p,
+                    None if pu.update_only => continue,
+                    None => {
+                        let id = table.next_id;
+                        table.next_id = table.next_id.wrapping_add(1);
+                        let p = Arc::new(Peer::new(id, pu.public_key, [0; 32]));
+                        table.by_key.insert(pu.public_key, p.clone());
+                        table.by_id.insert(id, p.clone());
+                        p
+                    }
+                };
+                {
+                    let mut st = peer.state();
+                    if let Some(psk) = pu.preshared_key {
+                        st.set_psk(psk);
+                    }
+                    if let Some(ep) = pu.endpoint {
+                        st.set_endpoint(ep);
+                    }
+                }
+                if pu.replace_allowed_ips {
+                    table.allowed.remove_value(peer.id);
+                }
+                for (prefix, add) in &pu.allowed_ips {
+                    if *add {
+                        table.allowed.insert(*prefix, peer.id);
+                    } else {
+                        table.allowed.remove_if_owned(*prefix, peer.id);
+                    }
+                }
+                touched.push((peer, pu.persistent_keepalive));
+            }
+        }
+        // Step 3: effects that send packets run outside the table lock.
+        for (peer, keepalive) in touched {
+            if let Some(secs) = keepalive {
+                if !peer.is_removed() {
+                    self.with_peer(&peer, |st, _ctx, out| {
+                        st.set_persistent_keepalive(secs, out)
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn change_identity(&self, table: &mut crate::device::PeerTable, key: [u8; 32]) {
+        let current = self.identity().map(|i| i.private_bytes());
+        if current == Some(key) || (current.is_none() && key == [0; 32]) {
+            return;
+        }
+        let identity = (key != [0; 32]).then(|| Arc::new(LocalIdentity::new(key)));
+        if let Some(id) = &identity {
+            // A peer whose key is now our own would be talking to itself.
+            if let Some(p) = table.by_key.get(&id.public).cloned() {
+                self.forget_peer(table, &p);
+            }
+        }
+        self.set_identity(identity);
+        let peers: Vec<_> = table.by_id.values().cloned().collect();
+        for p in peers {
+            self.with_peer(&p, |st, ctx, _| st.local_identity_changed(ctx));
+        }
+    }
+
+    pub fn snapshot(&self) -> DeviceSnapshot {
+        let table = self.table();
+        let mut allowed: std::collections::HashMap<u32, Vec<Prefix>> = Default::default();
+        table
+            .allowed
+            .for_each(|p, id| allowed.entry(id).or_default().push(p));
+        let mut peers: Vec<&Arc<Peer>> = table.by_id.values().collect();
+        peers.sort_by_key(|p| p.id);
+        let peers = peers
+            .into_iter()
+            .map(|p| {
+                let st = p.state();
+                PeerSnapshot {
+                    public_key: p.public_key,
+                    preshared_key: *st.psk(),
+                    endpoint: st.endpoint(),
+                    last_handshake: st.last_handshake(),
+                    rx_bytes: p.rx_bytes.load(Ordering::Relaxed),
+                    tx_bytes: p.tx_bytes.load(Ordering::Relaxed),
+                    persistent_keepalive: st.persistent_keepalive(),
+                    allowed_ips: allowed.remove(&p.id).unwrap_or_default(),
+                }
+            })
+            .collect();
+        let s = self.sockets();
+        DeviceSnapshot {
+            private_key: self.identity().map(|i| i.private_bytes()),
+            listen_port: s.port,
+            fwmark: s.fwmark,
+            peers,
+        }
+    }
+}

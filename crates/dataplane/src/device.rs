@@ -1,0 +1,423 @@
+//! The interface-wide state every stage shares: identity, peer table with AllowedIPs,
+//! receiver-index table, sockets, TUN, timer queue, work queues and counters.
+//!
+//! Lock order (outermost first): `table` → a peer's state → `indices` → `timers`.
+//! Nothing holds a lock across crypto, and only the UAPI takes `table` for writing.
+
+use crate::exec::Work;
+use crate::packet::Packet;
+use crate::peer::Peer;
+use crate::stages;
+use crate::stats::Stats;
+use crossbeam_channel::{Receiver, Sender};
+use rand_core::{OsRng, RngCore};
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::time::{Duration, Instant, SystemTime};
+use wirelane_io::poll::Waker;
+use wirelane_io::tun::Tun;
+use wirelane_io::udp::UdpSocket;
+use wirelane_proto::cookie::Gate;
+use wirelane_proto::messages::Kind;
+use wirelane_proto::{AllowedIps, Ctx, IndexTable, LocalIdentity, Output, PeerState};
+
+/// Bound of the handshake queue (the kernel's MAX_QUEUED_INCOMING_HANDSHAKES).
+pub const MAX_QUEUED_HANDSHAKES: usize = 4096;
+/// Queue depth from which the interface counts as under load: an eighth of the bound.
+pub const UNDER_LOAD_THRESHOLD: usize = MAX_QUEUED_HANDSHAKES / 8;
+/// How long under-load mode lasts after the queue drops below the threshold.
+pub const UNDER_LOAD_AFTER: Duration = Duration::from_secs(1);
+/// Sources the handshake rate limiter tracks at most.
+pub const RATE_LIMITER_CAPACITY: usize = 16_384;
+
+/// A handshake message waiting for the handshake stage.
+pub struct HandshakeJob {
+    pub kind: Kind,
+    pub bytes: Vec<u8>,
+    pub src: SocketAddr,
+}
+
+/// Peers by key and by id, plus the routing table over ids.
+#[derive(Default)]
+pub struct PeerTable {
+    pub by_key: HashMap<[u8; 32], Arc<Peer>>,
+    pub by_id: HashMap<u32, Arc<Peer>>,
+    pub allowed: AllowedIps<u32>,
+    pub next_id: u32,
+}
+
+impl PeerTable {
+    pub fn route(&self, dst: std::net::IpAddr) -> Option<&Arc<Peer>> {
+        self.allowed.lookup(dst).and_then(|id| self.by_id.get(&id))
+    }
+}
+
+/// The bound UDP sockets and their settings.
+#[derive(Default)]
+pub struct Sockets {
+    pub v4: Option<Arc<UdpSocket>>,
+    pub v6: Option<Arc<UdpSocket>>,
+    pub port: u16,
+    pub fwmark: u32,
+}
+
+impl Sockets {
+    pub fn for_destination(&self, dst: &SocketAddr) -> Option<&Arc<UdpSocket>> {
+        match dst {
+            SocketAddr::V4(_) => self.v4.as_ref(),
+            SocketAddr::V6(a) if a.ip().to_ipv4_mapped().is_some() => self.v4.as_ref(),
+            SocketAddr::V6(_) => self.v6.as_ref(),
+        }
+    }
+
+    /// Binds both families on `port` (0: any). IPv6 may be unavailable; IPv4 may not.
+    pub fn bind(port: u16, fwmark: u32) -> std::io::Result<Sockets> {
+        let v4 = UdpSocket::bind(false, port)?;
+        let port = v4.local_port()?;
+        let v6 = match UdpSocket::bind(true, port) {
+            Ok(s) => Some(Arc::new(s)),
+            Err(e) if e.raw_os_error() == Some(libc::EAFNOSUPPORT) => None,
+            Err(e) => return Err(e),
+        };
+        let s = Sockets {
+            v4: Some(Arc::new(v4)),
+            v6,
+            port,
+            fwmark,
+        };
+        s.apply_fwmark(fwmark)?;
+        Ok(s)
+    }
+
+    pub fn apply_fwmark(&self, mark: u32) -> std::io::Result<()> {
+        for s in [&self.v4, &self.v6].into_iter().flatten() {
+            s.set_mark(mark)?;
+        }
+        Ok(())
+    }
+}
+
+pub struct Device {
+    pub tun: Tun,
+    origin: Instant,
+    identity: RwLock<Option<Arc<LocalIdentity>>>,
+    table: RwLock<PeerTable>,
+    indices: Mutex<HashMap<u32, Arc<Peer>>>,
+    sockets: RwLock<Sockets>,
+    /// Bumped whenever the sockets are replaced, so readers pick up new ones.
+    pub sockets_generation: AtomicU64,
+    gate: Mutex<Option<Gate>>,
+    work_tx: Sender<Work>,
+    pub(crate) work_rx: Receiver<Work>,
+    handshake_tx: Sender<HandshakeJob>,
+    pub(crate) handshake_rx: Receiver<HandshakeJob>,
+    last_under_load_ns: AtomicU64,
+    timers: Mutex<BinaryHeap<Reverse<(u64, u32)>>>,
+    mtu: AtomicU32,
+    pub stats: Stats,
+    stopping: AtomicBool,
+    pub waker: Waker,
+    /// Why the device stopped on its own (the TUN went away), if it did.
+    pub fatal: Mutex<Option<String>>,
+}
+
+/// Index-table view handed to the protocol for one peer.
+struct PeerIndices<'a> {
+    map: &'a Mutex<HashMap<u32, Arc<Peer>>>,
+    peer: &'a Arc<Peer>,
+}
+
+impl IndexTable for PeerIndices<'_> {
+    fn allocate(&mut self) -> u32 {
+        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            let i = OsRng.next_u32();
+            if let std::collections::hash_map::Entry::Vacant(e) = map.entry(i) {
+                e.insert(self.peer.clone());
+                return i;
+            }
+        }
+    }
+    fn release(&mut self, index: u32) {
+        self.map
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&index);
+    }
+}
+
+impl Device {
+    pub fn new(tun: Tun, sockets: Sockets) -> std::io::Result<Arc<Device>> {
+        let (work_tx, work_rx) = crossbeam_channel::unbounded();
+        let (handshake_tx, handshake_rx) = crossbeam_channel::bounded(MAX_QUEUED_HANDSHAKES);
+        let mtu = tun.mtu().unwrap_or(wirelane_io::tun::DEFAULT_MTU);
+        Ok(Arc::new(Device {
+            tun,
+            origin: Instant::now(),
+            identity: RwLock::new(None),
+            table: RwLock::new(PeerTable::default()),
+            indices: Mutex::new(HashMap::new()),
+            sockets: RwLock::new(sockets),
+            sockets_generation: AtomicU64::new(0),
+            gate: Mutex::new(None),
+            work_tx,
+            work_rx,
+            handshake_tx,
+            handshake_rx,
+            last_under_load_ns: AtomicU64::new(0),
+            timers: Mutex::new(BinaryHeap::new()),
+            mtu: AtomicU32::new(mtu),
+            stats: Stats::default(),
+            stopping: AtomicBool::new(false),
+            waker: Waker::new()?,
+            fatal: Mutex::new(None),
+        }))
+    }
+
+    // --- clock ---
+
+    pub fn now(&self) -> Duration {
+        self.origin.elapsed()
+    }
+
+    pub fn wall(&self) -> Duration {
+        SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap_or_default()
+    }
+
+    // --- shared state accessors ---
+
+    pub fn identity(&self) -> Option<Arc<LocalIdentity>> {
+        self.identity
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    pub(crate) fn set_identity(&self, id: Option<Arc<LocalIdentity>>) {
+        *self.gate.lock().unwrap_or_else(|p| p.into_inner()) = id
+            .as_ref()
+            .map(|i| Gate::new(&i.public, RATE_LIMITER_CAPACITY));
+        *self.identity.write().unwrap_or_else(|p| p.into_inner()) = id;
+    }
+
+    pub fn table(&self) -> RwLockReadGuard<'_, PeerTable> {
+        self.table.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn table_mut(&self) -> RwLockWriteGuard<'_, PeerTable> {
+        self.table.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn sockets(&self) -> RwLockReadGuard<'_, Sockets> {
+        self.sockets.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn sockets_mut(&self) -> RwLockWriteGuard<'_, Sockets> {
+        self.sockets.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn replace_sockets(&self, s: Sockets) {
+        *self.sockets_mut() = s;
+        self.sockets_generation.fetch_add(1, Ordering::SeqCst);
+    }
+
+    pub(crate) fn gate(&self) -> MutexGuard<'_, Option<Gate>> {
+        self.gate.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn peer_by_index(&self, index: u32) -> Option<Arc<Peer>> {
+        self.indices
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&index)
+            .cloned()
+    }
+
+    pub fn index_count(&self) -> usize {
+        self.indices.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    pub fn mtu(&self) -> usize {
+        self.mtu.load(Ordering::Relaxed) as usize
+    }
+
+    pub(crate) fn refresh_mtu(&self) {
+        if let Ok(m) = self.tun.mtu() {
+            self.mtu.store(m, Ordering::Relaxed);
+        }
+    }
+
+    // --- work submission ---
+
+    pub(crate) fn submit(&self, w: Work) {
+        // The receiver lives as long as the device, so sending cannot fail.
+        let _ = self.work_tx.send(w);
+    }
+
+    /// Queues a handshake message; drops it when the queue is full.
+    pub(crate) fn submit_handshake(&self, job: HandshakeJob) {
+        let len = self.handshake_tx.len();
+        if len >= UNDER_LOAD_THRESHOLD {
+            self.last_under_load_ns
+                .store(self.now().as_nanos() as u64, Ordering::Relaxed);
+        }
+        if self.handshake_tx.try_send(job).is_err() {
+            self.stats
+                .handshake_queue_full
+                .fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Under load while the handshake queue is deep, and for a second after.
+    pub fn under_load(&self) -> bool {
+        if self.handshake_tx.len() >= UNDER_LOAD_THRESHOLD {
+            return true;
+        }
+        let last = self.last_under_load_ns.load(Ordering::Relaxed);
+        last != 0 && self.now().as_nanos() as u64 - last < UNDER_LOAD_AFTER.as_nanos() as u64
+    }
+
+    // --- protocol steps ---
+
+    /// Runs one protocol step on `peer` with a fully built context, then re-arms its
+    /// timer and carries out whatever the step asked for.
+    pub fn with_peer<R>(
+        &self,
+        peer: &Arc<Peer>,
+        f: impl FnOnce(&mut PeerState, &mut Ctx, &mut Vec<Output>) -> R,
+    ) -> R {
+        let identity = self.identity();
+        let mut out = Vec::new();
+        let (r, deadline) = {
+            let mut state = peer.state();
+            let mut indices = PeerIndices {
+                map: &self.indices,
+                peer,
+            };
+            let mut rng = OsRng;
+            let mut ctx = Ctx {
+                now: self.now(),
+                wall: self.wall(),
+                rng: &mut rng,
+                local: identity.as_deref(),
+                indices: &mut indices,
+            };
+            let r = f(&mut state, &mut ctx, &mut out);
+            (r, state.next_deadline())
+        };
+        self.rearm(peer, deadline);
+        self.carry_out(peer, out);
+        r
+    }
+
+    /// Makes sure the timer queue holds an entry for `peer` no later than `deadline`.
+    pub(crate) fn rearm(&self, peer: &Arc<Peer>, deadline: Option<Duration>) {
+        let Some(d) = deadline else { return };
+        let ns = d.as_nanos() as u64;
+        if ns < peer.timer_at.load(Ordering::Relaxed) {
+            peer.timer_at.store(ns, Ordering::Relaxed);
+            self.timers
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(Reverse((ns, peer.id)));
+        }
+    }
+
+    /// Pops the ids of peers whose timer entry is due.
+    pub(crate) fn due_timers(&self) -> Vec<u32> {
+        let now = self.now().as_nanos() as u64;
+        let mut heap = self.timers.lock().unwrap_or_else(|p| p.into_inner());
+        let mut due = Vec::new();
+        while let Some(Reverse((at, id))) = heap.peek().copied() {
+            if at > now {
+                break;
+            }
+            heap.pop();
+            due.push(id);
+        }
+        due
+    }
+
+    pub fn timer_queue_len(&self) -> usize {
+        self.timers.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    /// Carries out protocol outputs for `peer`.
+    pub fn carry_out(&self, peer: &Arc<Peer>, outs: Vec<Output>) {
+        for o in outs {
+            match o {
+                Output::Handshake(bytes) => self.send_to_peer(peer, &bytes),
+                Output::SendStaged { keepalive_if_empty } => {
+                    let mut staged = peer.take_staged();
+                    if staged.is_empty() && keepalive_if_empty {
+                        staged.push(Packet::with_capacity(0));
+                    }
+                    if !staged.is_empty() {
+                        stages::nonce::assign_and_enqueue(self, peer, staged);
+                    }
+                }
+                Output::Keepalive => {
+                    stages::nonce::assign_and_enqueue(self, peer, vec![Packet::with_capacity(0)])
+                }
+                Output::DropStaged => {
+                    let n = peer.take_staged().len();
+                    self.stats.tx_dropped.fetch_add(n as u64, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+
+    /// Sends one datagram to the peer's current endpoint, if it has one.
+    pub fn send_to_peer(&self, peer: &Peer, bytes: &[u8]) {
+        let Some(ep) = peer.state().endpoint() else {
+            self.stats.tx_no_endpoint.fetch_add(1, Ordering::Relaxed);
+            return;
+        };
+        let sockets = self.sockets();
+        if let Some(s) = sockets.for_destination(&ep) {
+            if s.send_to(bytes, &ep).is_ok() {
+                peer.tx_bytes
+                    .fetch_add(bytes.len() as u64, Ordering::Relaxed);
+            }
+        }
+    }
+
+    // --- lifecycle ---
+
+    pub fn stopping(&self) -> bool {
+        self.stopping.load(Ordering::SeqCst)
+    }
+
+    pub fn stop(&self) {
+        self.stopping.store(true, Ordering::SeqCst);
+        self.waker.wake();
+    }
+
+    /// Stops the device because something it depends on failed.
+    pub fn fail(&self, why: String) {
+        let mut f = self.fatal.lock().unwrap_or_else(|p| p.into_inner());
+        if f.is_none() {
+            *f = Some(why);
+        }
+        drop(f);
+        self.stop();
+    }
+
+    /// Removes a peer from every index (the table lock is held by the caller).
+    pub(crate) fn forget_peer(&self, table: &mut PeerTable, peer: &Arc<Peer>) {
+        table.by_key.remove(&peer.public_key);
+        table.by_id.remove(&peer.id);
+        table.allowed.remove_value(peer.id);
+        peer.mark_removed();
+        let held = peer.state().indices();
+        let mut map = self.indices.lock().unwrap_or_else(|p| p.into_inner());
+        for i in held {
+            map.remove(&i);
+        }
+    }
+}

@@ -1,0 +1,150 @@
+//! The `workqueue` execution model (default): one worker per core takes every work item
+//! (encrypt, decrypt, per-peer flush, per-peer delivery) from one shared FIFO, all at
+//! the same priority. A peer's serial stage is just another item, run by whichever
+//! worker is free. Beside the workers: one reader per I/O source (TUN, each UDP
+//! socket), one handshake thread with its own bounded queue, and one timer thread.
+
+use super::Work;
+use crate::device::Device;
+use crate::stages;
+use crossbeam_channel::RecvTimeoutError;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+use wirelane_io::poll::{wait_readable, Ready};
+
+/// How often idle loops look at the stop flag when nothing else wakes them.
+const IDLE_CHECK: Duration = Duration::from_millis(200);
+/// Timer resolution: well under the 333 ms of handshake jitter.
+const TIMER_TICK: Duration = Duration::from_millis(10);
+
+pub struct Running {
+    threads: Vec<JoinHandle<()>>,
+    dev: Arc<Device>,
+}
+
+impl Running {
+    /// Stops every thread and waits for them.
+    pub fn stop(self) {
+        self.dev.stop();
+        for t in self.threads {
+            let _ = t.join();
+        }
+    }
+}
+
+fn spawn(name: String, f: impl FnOnce() + Send + 'static) -> std::io::Result<JoinHandle<()>> {
+    std::thread::Builder::new().name(name).spawn(f)
+}
+
+pub fn start(dev: Arc<Device>, workers: usize) -> std::io::Result<Running> {
+    let mut threads = Vec::new();
+    for i in 0..workers.max(1) {
+        let d = dev.clone();
+        threads.push(spawn(format!("wl-worker-{i}"), move || worker(&d))?);
+    }
+    let d = dev.clone();
+    threads.push(spawn("wl-tun-read".into(), move || tun_reader(&d))?);
+    for v6 in [false, true] {
+        let d = dev.clone();
+        let name = if v6 { "wl-udp6-read" } else { "wl-udp4-read" };
+        threads.push(spawn(name.into(), move || udp_reader(&d, v6))?);
+    }
+    let d = dev.clone();
+    threads.push(spawn("wl-handshake".into(), move || handshake_worker(&d))?);
+    let d = dev.clone();
+    threads.push(spawn("wl-timers".into(), move || timer_thread(&d))?);
+    Ok(Running { threads, dev })
+}
+
+fn worker(dev: &Device) {
+    loop {
+        match dev.work_rx.recv_timeout(IDLE_CHECK) {
+            Ok(Work::Encrypt(b)) => stages::encrypt::encrypt(dev, b),
+            Ok(Work::Decrypt(b)) => stages::decrypt::decrypt(dev, b),
+            Ok(Work::FlushTx(p)) => stages::tx_flush::flush(dev, &p),
+            Ok(Work::DeliverRx(p)) => stages::rx_deliver::deliver(dev, &p),
+            Err(RecvTimeoutError::Timeout) if dev.stopping() => return,
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => return,
+        }
+    }
+}
+
+fn tun_reader(dev: &Device) {
+    while !dev.stopping() {
+        match wait_readable(dev.tun.fd(), &dev.waker, -1) {
+            Ok(Ready::Readable) => {}
+            Ok(Ready::Timeout) => continue,
+            Ok(Ready::Woken) => return,
+            Err(e) => return dev.fail(format!("polling the TUN device failed: {e}")),
+        }
+        match stages::tun_read::read_batch(dev) {
+            Ok(packets) => {
+                for (peer, group) in stages::route::route(dev, packets) {
+                    stages::nonce::assign_and_enqueue(dev, &peer, group);
+                }
+            }
+            // The interface was deleted (e.g. `ip link del`, `wg-quick down`).
+            Err(e) => return dev.fail(format!("TUN device is gone: {e}")),
+        }
+    }
+}
+
+fn udp_reader(dev: &Device, v6: bool) {
+    while !dev.stopping() {
+        let generation = dev.sockets_generation.load(Ordering::SeqCst);
+        let sock = {
+            let s = dev.sockets();
+            if v6 {
+                s.v6.clone()
+            } else {
+                s.v4.clone()
+            }
+        };
+        let Some(sock) = sock else {
+            // No socket of this family (yet): wait for a rebind or stop.
+            let _ = wait_readable(dev.waker.fd(), &dev.waker, IDLE_CHECK.as_millis() as i32);
+            continue;
+        };
+        while dev.sockets_generation.load(Ordering::SeqCst) == generation {
+            match wait_readable(sock.fd(), &dev.waker, IDLE_CHECK.as_millis() as i32) {
+                Ok(Ready::Readable) => {}
+                Ok(Ready::Timeout) => continue,
+                Ok(Ready::Woken) => return,
+                Err(e) => return dev.fail(format!("polling the UDP socket failed: {e}")),
+            }
+            match stages::udp_recv::recv_batch(dev, &sock) {
+                Ok(packets) => stages::classify::classify(dev, packets),
+                Err(e) => tracing::warn!(error = %e, "UDP receive failed"),
+            }
+        }
+    }
+}
+
+fn handshake_worker(dev: &Device) {
+    loop {
+        match dev.handshake_rx.recv_timeout(IDLE_CHECK) {
+            Ok(job) => stages::handshake::process(dev, job),
+            Err(RecvTimeoutError::Timeout) if dev.stopping() => return,
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => return,
+        }
+    }
+}
+
+fn timer_thread(dev: &Device) {
+    let mut last_mtu_check = Instant::now();
+    loop {
+        match wait_readable(dev.waker.fd(), &dev.waker, TIMER_TICK.as_millis() as i32) {
+            Ok(Ready::Timeout) => {}
+            _ => return,
+        }
+        stages::timers::run_due(dev);
+        if last_mtu_check.elapsed() >= Duration::from_secs(1) {
+            dev.refresh_mtu();
+            last_mtu_check = Instant::now();
+        }
+    }
+}

@@ -1,0 +1,71 @@
+//! Stage RX-2, classify. Input: received datagrams in arrival order. Output: handshake
+//! messages onto the bounded handshake queue; transport messages grouped into batches
+//! by receiver index (O(1) hash lookup) and entered into their peer's ordered RX queue
+//! and the crypt queue, in arrival order. Everything else is dropped and counted.
+
+use crate::device::{Device, HandshakeJob};
+use crate::exec::Work;
+use crate::packet::{Batch, Packet};
+use std::sync::atomic::Ordering;
+use wirelane_proto::messages::{classify as kind_of, Kind, TransportHeader};
+
+pub fn classify(dev: &Device, packets: Vec<Packet>) {
+    let now = dev.now();
+    // Runs of consecutive packets for the same receiver index become one batch.
+    let mut run: Option<(u32, Vec<Packet>)> = None;
+    for mut p in packets {
+        let Some(src) = p.src else { continue };
+        let dgram = &p.buf[..p.len];
+        match kind_of(dgram) {
+            Ok(Kind::Transport) => {
+                let h = TransportHeader::parse(dgram).expect("classified as transport");
+                p.counter = h.counter;
+                match &mut run {
+                    Some((idx, v)) if *idx == h.receiver => v.push(p),
+                    _ => {
+                        if let Some((idx, v)) = run.take() {
+                            dispatch(dev, idx, v, now);
+                        }
+                        run = Some((h.receiver, vec![p]));
+                    }
+                }
+            }
+            Ok(kind) => {
+                p.buf.truncate(p.len);
+                dev.submit_handshake(HandshakeJob {
+                    kind,
+                    bytes: p.buf,
+                    src,
+                });
+            }
+            Err(_) => {
+                dev.stats.rx_malformed.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+    if let Some((idx, v)) = run {
+        dispatch(dev, idx, v, now);
+    }
+}
+
+fn dispatch(dev: &Device, index: u32, packets: Vec<Packet>, now: std::time::Duration) {
+    let n = packets.len();
+    let found = dev.peer_by_index(index).and_then(|peer| {
+        let kp = peer.state().keypair_for(index, now);
+        kp.map(|kp| (peer, kp))
+    });
+    let Some((peer, kp)) = found else {
+        dev.stats
+            .rx_unknown_index
+            .fetch_add(n as u64, Ordering::Relaxed);
+        return;
+    };
+    let batch = Batch::new(peer.clone(), kp, packets);
+    if peer.rx_queue.push(batch.clone(), n) {
+        dev.submit(Work::Decrypt(batch));
+    } else {
+        dev.stats
+            .rx_queue_full
+            .fetch_add(n as u64, Ordering::Relaxed);
+    }
+}

@@ -1,0 +1,28 @@
+//! Stage RX-3, decrypt (parallel). Input: a batch of transport messages for one
+//! keypair. Output: the same batch opened in place, each packet flagged ok or not, and
+//! marked done; the peer's RX delivery is scheduled if it was not already. No per-peer
+//! lock: the replay check waits for the ordered stage.
+
+use crate::device::Device;
+use crate::exec::Work;
+use crate::packet::Batch;
+use std::sync::Arc;
+
+pub fn decrypt(dev: &Device, batch: Arc<Batch>) {
+    {
+        let mut body = batch.body();
+        for p in body.packets.iter_mut() {
+            match batch.keypair.open(p.counter, &mut p.buf[..p.len]) {
+                Ok(plain_len) => {
+                    p.len = plain_len;
+                    p.ok = true;
+                }
+                Err(_) => p.ok = false,
+            }
+        }
+    }
+    batch.mark_done();
+    if batch.peer.rx_queue.schedule() {
+        dev.submit(Work::DeliverRx(batch.peer.clone()));
+    }
+}

@@ -1,0 +1,32 @@
+//! Stage TX-4, encrypt (parallel). Input: a batch with assigned counters. Output: the
+//! same batch sealed in place (header, padded payload, tag) and marked done; the peer's
+//! TX flush is scheduled if it was not already. Any worker may run any batch: there is
+//! no per-peer lock here.
+
+use crate::device::Device;
+use crate::exec::Work;
+use crate::packet::{Batch, HEADROOM};
+use std::sync::Arc;
+use wirelane_proto::messages::padded_len;
+
+pub fn encrypt(dev: &Device, batch: Arc<Batch>) {
+    let mtu = dev.mtu();
+    {
+        let mut body = batch.body();
+        for p in body.packets.iter_mut() {
+            let padded = padded_len(p.len, mtu);
+            let end = HEADROOM + padded + 16;
+            if p.buf.len() < end {
+                p.buf.resize(end, 0);
+            }
+            p.buf[HEADROOM + p.len..HEADROOM + padded].fill(0);
+            batch.keypair.seal(p.counter, &mut p.buf[..end]);
+            p.len = end;
+            p.ok = true;
+        }
+    }
+    batch.mark_done();
+    if batch.peer.tx_queue.schedule() {
+        dev.submit(Work::FlushTx(batch.peer.clone()));
+    }
+}

@@ -1,0 +1,119 @@
+//! Handshake stage. Input: the bounded handshake queue, fed by classify. Output:
+//! responses, cookie replies and new sessions. Runs apart from the data path so a flood
+//! of handshakes can never starve transport data.
+//!
+//! Cost control: mac1 is checked before anything else, so junk costs one BLAKE2s and
+//! no Diffie-Hellman; under load a valid mac2 (cookie) and the per-source rate limit
+//! are required too.
+
+use crate::device::{Device, HandshakeJob};
+use std::sync::atomic::Ordering;
+use wirelane_proto::cookie::{GateDrop, GateVerdict};
+use wirelane_proto::handshake::consume_initiation_phase1;
+use wirelane_proto::messages::{CookieReply, Initiation, Kind, Response};
+
+pub fn process(dev: &Device, job: HandshakeJob) {
+    let Some(identity) = dev.identity() else {
+        return;
+    };
+    let now = dev.now();
+    let sender = match job.kind {
+        Kind::Initiation => Initiation::parse(&job.bytes).map(|m| m.sender),
+        Kind::Response => Response::parse(&job.bytes).map(|m| m.sender),
+        Kind::CookieReply => return consume_cookie_reply(dev, &job),
+        Kind::Transport => return,
+    };
+    let Ok(sender) = sender else { return };
+
+    let verdict = {
+        let mut gate = dev.gate();
+        let Some(gate) = gate.as_mut() else { return };
+        gate.admit(
+            &job.bytes,
+            sender,
+            &job.src,
+            dev.under_load(),
+            now,
+            &mut rand_core::OsRng,
+        )
+    };
+    match verdict {
+        GateVerdict::Process => {}
+        GateVerdict::SendCookieReply(reply) => {
+            let sockets = dev.sockets();
+            if let Some(s) = sockets.for_destination(&job.src) {
+                if s.send_to(&reply.to_bytes(), &job.src).is_ok() {
+                    dev.stats
+                        .cookie_replies_sent
+                        .fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            return;
+        }
+        GateVerdict::Drop(GateDrop::InvalidMac1) => {
+            dev.stats
+                .handshake_invalid_mac1
+                .fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        GateVerdict::Drop(GateDrop::RateLimited) => {
+            dev.stats
+                .handshake_rate_limited
+                .fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+    }
+
+    let result = match job.kind {
+        Kind::Initiation => {
+            let msg = Initiation::parse(&job.bytes).expect("parsed above");
+            dev.stats.handshake_dh.fetch_add(1, Ordering::Relaxed);
+            let Ok(phase1) = consume_initiation_phase1(&identity, &msg) else {
+                dev.stats.handshake_failed.fetch_add(1, Ordering::Relaxed);
+                return;
+            };
+            let Some(peer) = dev.table().by_key.get(&phase1.remote_static).cloned() else {
+                dev.stats.handshake_failed.fetch_add(1, Ordering::Relaxed);
+                return;
+            };
+            dev.stats.handshake_dh.fetch_add(3, Ordering::Relaxed);
+            peer.rx_bytes
+                .fetch_add(job.bytes.len() as u64, Ordering::Relaxed);
+            dev.with_peer(&peer, |state, ctx, out| {
+                state.consume_initiation(ctx, phase1, job.src, out)
+            })
+        }
+        Kind::Response => {
+            let msg = Response::parse(&job.bytes).expect("parsed above");
+            let Some(peer) = dev.peer_by_index(msg.receiver) else {
+                dev.stats.handshake_failed.fetch_add(1, Ordering::Relaxed);
+                return;
+            };
+            dev.stats.handshake_dh.fetch_add(2, Ordering::Relaxed);
+            peer.rx_bytes
+                .fetch_add(job.bytes.len() as u64, Ordering::Relaxed);
+            dev.with_peer(&peer, |state, ctx, out| {
+                state.consume_response(ctx, &msg, job.src, out)
+            })
+        }
+        _ => return,
+    };
+    if let Err(e) = result {
+        dev.stats.handshake_failed.fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(src = %job.src, error = %e, "handshake message rejected");
+    }
+}
+
+fn consume_cookie_reply(dev: &Device, job: &HandshakeJob) {
+    let Ok(reply) = CookieReply::parse(&job.bytes) else {
+        return;
+    };
+    let Some(peer) = dev.peer_by_index(reply.receiver) else {
+        return;
+    };
+    // A cookie reply is not authenticated by a session: it never moves the endpoint.
+    let result = peer.state().consume_cookie_reply(&reply, dev.now());
+    if let Err(e) = result {
+        tracing::debug!(src = %job.src, error = %e, "cookie reply rejected");
+    }
+}
