@@ -1,0 +1,149 @@
+//! The UAPI socket at /var/run/wireguard/IFNAME.sock: created mode 0600, served by one
+//! accept thread that hands each connection to a short-lived thread of its own, and
+//! watched with inotify so that deleting it shuts the daemon down (as wireguard-go does).
+
+use crate::uapi;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use wirelane_dataplane::Device;
+use wirelane_io::poll::{wait_readable, Ready};
+
+pub const SOCKET_DIR: &str = "/var/run/wireguard";
+/// Connections served at once; more wait in the listen backlog.
+const MAX_CLIENTS: usize = 16;
+
+pub struct UapiListener {
+    listener: UnixListener,
+    path: PathBuf,
+    inode: u64,
+    watch: OwnedFd,
+}
+
+pub fn socket_path(ifname: &str) -> PathBuf {
+    Path::new(SOCKET_DIR).join(format!("{ifname}.sock"))
+}
+
+impl UapiListener {
+    pub fn bind(ifname: &str) -> io::Result<UapiListener> {
+        std::fs::create_dir_all(SOCKET_DIR)?;
+        let path = socket_path(ifname);
+        if path.exists() {
+            if UnixStream::connect(&path).is_ok() {
+                return Err(io::Error::new(
+                    io::ErrorKind::AddrInUse,
+                    format!("{} is already served by another process", path.display()),
+                ));
+            }
+            std::fs::remove_file(&path)?; // Stale socket of a process that died.
+        }
+        // SAFETY: umask only changes this process's file-creation mask. It is set around
+        // bind so the socket never exists with looser permissions, even briefly.
+        let old = unsafe { libc::umask(0o077) };
+        let bound = UnixListener::bind(&path);
+        // SAFETY: as above, restoring the previous mask.
+        unsafe { libc::umask(old) };
+        let listener = bound?;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
+        listener.set_nonblocking(true)?;
+        let inode = std::fs::metadata(&path)?.ino();
+        let watch = watch_path(&path)?;
+        Ok(UapiListener {
+            listener,
+            path,
+            inode,
+            watch,
+        })
+    }
+
+    /// The inotify descriptor: readable when the socket file changes or disappears.
+    pub fn watch_fd(&self) -> RawFd {
+        self.watch.as_raw_fd()
+    }
+
+    /// True once the socket file is gone or replaced (after a `watch_fd` event).
+    pub fn removed(&self) -> bool {
+        // Drain pending events so the descriptor is not readable forever.
+        let mut buf = [0u8; 4096];
+        // SAFETY: reads into a local buffer from our own non-blocking inotify fd.
+        while unsafe { libc::read(self.watch.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) } > 0
+        {
+        }
+        std::fs::symlink_metadata(&self.path).map_or(true, |m| m.ino() != self.inode)
+    }
+
+    /// Starts the accept thread; it stops when the device stops.
+    pub fn serve(&self, dev: Arc<Device>) -> io::Result<JoinHandle<()>> {
+        let listener = self.listener.try_clone()?;
+        std::thread::Builder::new()
+            .name("wl-uapi".into())
+            .spawn(move || accept_loop(listener, dev))
+    }
+
+    /// Removes the socket file if it is still ours.
+    pub fn remove(&self) {
+        if std::fs::symlink_metadata(&self.path).is_ok_and(|m| m.ino() == self.inode) {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+fn watch_path(path: &Path) -> io::Result<OwnedFd> {
+    // SAFETY: plain syscall; result checked before use.
+    let fd = unsafe { libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fd is a new descriptor we own.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "socket path has a NUL byte"))?;
+    let mask = libc::IN_ATTRIB | libc::IN_DELETE_SELF | libc::IN_MOVE_SELF;
+    // SAFETY: valid fd and C string.
+    if unsafe { libc::inotify_add_watch(fd.as_raw_fd(), c.as_ptr(), mask) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(fd)
+}
+
+fn accept_loop(listener: UnixListener, dev: Arc<Device>) {
+    let clients = Arc::new(AtomicUsize::new(0));
+    while !dev.stopping() {
+        match wait_readable(listener.as_raw_fd(), &dev.waker, -1) {
+            Ok(Ready::Readable) => {}
+            Ok(Ready::Timeout) => continue,
+            Ok(Ready::Woken) | Err(_) => return,
+        }
+        if clients.load(Ordering::Acquire) >= MAX_CLIENTS {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            continue;
+        }
+        let stream = match listener.accept() {
+            Ok((s, _)) => s,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+            Err(e) => {
+                tracing::warn!(error = %e, "UAPI accept failed");
+                continue;
+            }
+        };
+        let _ = stream.set_nonblocking(false);
+        clients.fetch_add(1, Ordering::AcqRel);
+        let (d, c) = (dev.clone(), clients.clone());
+        let spawned = std::thread::Builder::new()
+            .name("wl-uapi-conn".into())
+            .spawn(move || {
+                if let Err(e) = uapi::serve_connection(stream, &d) {
+                    tracing::debug!(error = %e, "UAPI connection ended with an error");
+                }
+                c.fetch_sub(1, Ordering::AcqRel);
+            });
+        if spawned.is_err() {
+            clients.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}

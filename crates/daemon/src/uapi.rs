@@ -1,0 +1,356 @@
+//! The cross-platform WireGuard UAPI (`get=1` / `set=1` over a Unix socket), as `wg`
+//! and wireguard-go speak it.
+//!
+//! A `set` request is parsed and validated completely before anything is applied, so a
+//! bad line anywhere leaves the device untouched. Errors are answered with a negative
+//! errno (`errno=-22`), which is how `wg` expects them after `set`, and logged with the
+//! offending key.
+
+use std::fmt::Write as _;
+use std::io::{self, BufRead, BufReader, Write};
+use std::net::SocketAddr;
+use std::os::unix::net::UnixStream;
+use std::sync::Arc;
+use std::time::Duration;
+use wirelane_dataplane::config::ApplyError;
+use wirelane_dataplane::{Device, DeviceSnapshot, DeviceUpdate, PeerUpdate};
+use wirelane_proto::{hex_key, parse_hex_key, Prefix};
+
+/// Longest line we accept; the longest legitimate one is a 64-digit key or an endpoint.
+const MAX_LINE: usize = 4096;
+/// Most lines in one `set`: generous for 10^5 peers with several allowed IPs each.
+const MAX_LINES: usize = 4_000_000;
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("{message}")]
+pub struct UapiError {
+    /// Positive errno value; sent negated.
+    pub errno: i32,
+    pub message: String,
+}
+
+fn invalid(message: String) -> UapiError {
+    UapiError {
+        errno: libc::EINVAL,
+        message,
+    }
+}
+
+fn key_value(line: &str) -> Result<(&str, &str), UapiError> {
+    line.split_once('=')
+        .ok_or_else(|| invalid(format!("line '{line}' is not key=value")))
+}
+
+fn parse_key(field: &str, v: &str) -> Result<[u8; 32], UapiError> {
+    parse_hex_key(v).ok_or_else(|| invalid(format!("{field}: expected 64 hex digits")))
+}
+
+fn parse_true(field: &str, v: &str) -> Result<bool, UapiError> {
+    match v {
+        "true" => Ok(true),
+        _ => Err(invalid(format!(
+            "{field}: only 'true' is accepted, got '{v}'"
+        ))),
+    }
+}
+
+fn parse_num<T: std::str::FromStr>(field: &str, v: &str) -> Result<T, UapiError> {
+    // Digits only: str::parse would also take a leading '+'.
+    if v.is_empty() || !v.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(invalid(format!("{field}: '{v}' is not a number in range")));
+    }
+    v.parse()
+        .map_err(|_| invalid(format!("{field}: '{v}' is not a number in range")))
+}
+
+/// Parses the body of a `set=1` request (the lines after `set=1`, without the blank
+/// terminator) into one validated update.
+pub fn parse_set<'a>(lines: impl IntoIterator<Item = &'a str>) -> Result<DeviceUpdate, UapiError> {
+    let mut up = DeviceUpdate::default();
+    let mut peer: Option<PeerUpdate> = None;
+    for line in lines {
+        let (k, v) = key_value(line)?;
+        if k == "public_key" {
+            up.peers.extend(peer.take());
+            peer = Some(PeerUpdate::new(parse_key(k, v)?));
+            continue;
+        }
+        let Some(p) = peer.as_mut() else {
+            match k {
+                "private_key" => up.private_key = Some(parse_key(k, v)?),
+                "listen_port" => up.listen_port = Some(parse_num(k, v)?),
+                "fwmark" => up.fwmark = Some(parse_num(k, v)?),
+                "replace_peers" => up.replace_peers = parse_true(k, v)?,
+                _ => return Err(invalid(format!("unknown device key '{k}'"))),
+            }
+            continue;
+        };
+        match k {
+            "remove" => p.remove = parse_true(k, v)?,
+            "update_only" => p.update_only = parse_true(k, v)?,
+            "preshared_key" => p.preshared_key = Some(parse_key(k, v)?),
+            "endpoint" => {
+                let ep: SocketAddr = v.parse().map_err(|_| {
+                    invalid(format!("endpoint: '{v}' is not IP:port or [IPv6]:port"))
+                })?;
+                if ep.port() == 0 || ep.ip().is_unspecified() {
+                    return Err(invalid(format!("endpoint: '{v}' is not a usable address")));
+                }
+                p.endpoint = Some(ep);
+            }
+            "persistent_keepalive_interval" => p.persistent_keepalive = Some(parse_num(k, v)?),
+            "replace_allowed_ips" => p.replace_allowed_ips = parse_true(k, v)?,
+            "allowed_ip" => {
+                let (add, text) = match v.strip_prefix('-') {
+                    Some(rest) => (false, rest),
+                    None => (true, v),
+                };
+                let prefix: Prefix = text
+                    .parse()
+                    .map_err(|e| invalid(format!("allowed_ip: {e}")))?;
+                p.allowed_ips.push((prefix, add));
+            }
+            "protocol_version" => {
+                if v != "1" {
+                    return Err(invalid(format!(
+                        "protocol_version: only 1 is supported, got '{v}'"
+                    )));
+                }
+            }
+            _ => return Err(invalid(format!("unknown peer key '{k}'"))),
+        }
+    }
+    up.peers.extend(peer);
+    Ok(up)
+}
+
+/// Renders the answer to `get=1`, without the final `errno` line.
+pub fn format_get(s: &DeviceSnapshot) -> String {
+    let mut out = String::with_capacity(256 + s.peers.len() * 400);
+    if let Some(k) = s.private_key {
+        let _ = writeln!(out, "private_key={}", hex_key(&k));
+    }
+    if s.listen_port != 0 {
+        let _ = writeln!(out, "listen_port={}", s.listen_port);
+    }
+    if s.fwmark != 0 {
+        let _ = writeln!(out, "fwmark={}", s.fwmark);
+    }
+    for p in &s.peers {
+        let _ = writeln!(out, "public_key={}", hex_key(&p.public_key));
+        let _ = writeln!(out, "preshared_key={}", hex_key(&p.preshared_key));
+        out.push_str("protocol_version=1\n");
+        if let Some(ep) = p.endpoint {
+            let _ = writeln!(out, "endpoint={ep}");
+        }
+        let hs = p.last_handshake.unwrap_or(Duration::ZERO);
+        let _ = writeln!(out, "last_handshake_time_sec={}", hs.as_secs());
+        let _ = writeln!(out, "last_handshake_time_nsec={}", hs.subsec_nanos());
+        let _ = writeln!(out, "tx_bytes={}", p.tx_bytes);
+        let _ = writeln!(out, "rx_bytes={}", p.rx_bytes);
+        let _ = writeln!(
+            out,
+            "persistent_keepalive_interval={}",
+            p.persistent_keepalive
+        );
+        for a in &p.allowed_ips {
+            let _ = writeln!(out, "allowed_ip={a}");
+        }
+    }
+    out
+}
+
+fn apply_errno(e: &ApplyError) -> i32 {
+    match e {
+        ApplyError::Bind { .. } | ApplyError::Fwmark { .. } => libc::EADDRINUSE,
+    }
+}
+
+/// Reads one line (without the newline); `None` at end of stream.
+fn read_line(r: &mut impl BufRead, buf: &mut Vec<u8>) -> io::Result<Option<String>> {
+    buf.clear();
+    let n = io::Read::take(&mut *r, MAX_LINE as u64 + 1).read_until(b'\n', buf)?;
+    if n == 0 {
+        return Ok(None);
+    }
+    if buf.last() != Some(&b'\n') {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "UAPI line too long or unterminated",
+        ));
+    }
+    buf.pop();
+    String::from_utf8(std::mem::take(buf))
+        .map(Some)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "UAPI line is not UTF-8"))
+}
+
+/// Serves requests on one connection until the client closes it or errs.
+pub fn serve_connection(stream: UnixStream, dev: &Arc<Device>) -> io::Result<()> {
+    stream.set_read_timeout(Some(Duration::from_secs(30)))?;
+    let mut reader = BufReader::new(stream.try_clone()?);
+    let mut writer = io::BufWriter::new(stream);
+    let mut buf = Vec::new();
+    while let Some(op) = read_line(&mut reader, &mut buf)? {
+        match op.as_str() {
+            "get=1" => {
+                // The request ends with a blank line; anything else is a protocol error.
+                if read_line(&mut reader, &mut buf)?.as_deref() != Some("") {
+                    writeln!(writer, "errno=-{}\n", libc::EPROTO)?;
+                    writer.flush()?;
+                    return Ok(());
+                }
+                writer.write_all(format_get(&dev.snapshot()).as_bytes())?;
+                writer.write_all(b"errno=0\n\n")?;
+            }
+            "set=1" => {
+                let mut lines = Vec::new();
+                loop {
+                    match read_line(&mut reader, &mut buf)? {
+                        None => return Ok(()), // Client gave up mid-request: apply nothing.
+                        Some(l) if l.is_empty() => break,
+                        Some(l) => {
+                            if lines.len() >= MAX_LINES {
+                                return Err(io::Error::new(
+                                    io::ErrorKind::InvalidData,
+                                    "UAPI request too large",
+                                ));
+                            }
+                            lines.push(l);
+                        }
+                    }
+                }
+                let errno = match parse_set(lines.iter().map(String::as_str)) {
+                    Err(e) => {
+                        tracing::warn!(error = %e, "rejected UAPI set request");
+                        e.errno
+                    }
+                    Ok(update) => match dev.apply(&update) {
+                        Ok(()) => 0,
+                        Err(e) => {
+                            tracing::warn!(error = %e, "UAPI set request failed");
+                            apply_errno(&e)
+                        }
+                    },
+                };
+                if errno == 0 {
+                    writer.write_all(b"errno=0\n\n")?;
+                } else {
+                    writeln!(writer, "errno=-{errno}\n")?;
+                }
+            }
+            "" => continue,
+            other => {
+                // Unknown operation: answer once and hang up, like wireguard-go.
+                tracing::warn!(operation = other, "unknown UAPI operation");
+                writeln!(writer, "errno=-{}\n", libc::EINVAL)?;
+                writer.flush()?;
+                return Ok(());
+            }
+        }
+        writer.flush()?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const K1: &str = "e84b5a6d2717c1003a13b431570353dbaca9146cf150c5f8575680feba52027a";
+    const K2: &str = "c3f41b4c2e5a4ec5a8d91b7e1e0d9f0f1c6b7a8a9d0e1f2a3b4c5d6e7f8a9b0c";
+
+    fn set(text: &str) -> Result<DeviceUpdate, UapiError> {
+        parse_set(text.lines())
+    }
+
+    #[test]
+    fn full_request() {
+        let up = set(&format!(
+            "private_key={K1}\nlisten_port=51820\nfwmark=0\nreplace_peers=true\n\
+             public_key={K2}\npreshared_key={K1}\nendpoint=[fd00::1]:51820\n\
+             persistent_keepalive_interval=25\nreplace_allowed_ips=true\n\
+             allowed_ip=10.0.0.1/24\nallowed_ip=-10.9.0.0/16\nprotocol_version=1\n\
+             public_key={K1}\nremove=true"
+        ))
+        .unwrap();
+        assert_eq!(up.listen_port, Some(51820));
+        assert!(up.replace_peers);
+        assert_eq!(up.peers.len(), 2);
+        let p = &up.peers[0];
+        assert_eq!(p.endpoint, Some("[fd00::1]:51820".parse().unwrap()));
+        assert_eq!(p.persistent_keepalive, Some(25));
+        assert!(p.replace_allowed_ips);
+        assert_eq!(p.allowed_ips[0], ("10.0.0.0/24".parse().unwrap(), true));
+        assert_eq!(p.allowed_ips[1], ("10.9.0.0/16".parse().unwrap(), false));
+        assert!(up.peers[1].remove);
+    }
+
+    #[test]
+    fn bad_input_names_the_field() {
+        let cases = [
+            ("listen_port=70000", "listen_port"),
+            ("listen_port=+5", "listen_port"),
+            ("listen_port=", "listen_port"),
+            ("fwmark=-1", "fwmark"),
+            ("private_key=abc", "private_key"),
+            ("replace_peers=yes", "replace_peers"),
+            ("bogus=1", "unknown device key"),
+            ("no equals sign", "not key=value"),
+            ("endpoint=1.2.3.4:5", "unknown device key"),
+        ];
+        for (line, needle) in cases {
+            let e = set(line).unwrap_err();
+            assert_eq!(e.errno, libc::EINVAL);
+            assert!(e.message.contains(needle), "{line}: {}", e.message);
+        }
+        let peer_cases = [
+            ("endpoint=nothost:1", "endpoint"),
+            ("endpoint=1.2.3.4", "endpoint"),
+            ("endpoint=1.2.3.4:0", "endpoint"),
+            ("allowed_ip=10.0.0.0/33", "allowed_ip"),
+            ("allowed_ip=garbage", "allowed_ip"),
+            (
+                "persistent_keepalive_interval=65536",
+                "persistent_keepalive_interval",
+            ),
+            ("protocol_version=2", "protocol_version"),
+            ("preshared_key=zz", "preshared_key"),
+            ("remove=false", "remove"),
+            ("listen_port=1", "unknown peer key"),
+        ];
+        for (line, needle) in peer_cases {
+            let e = set(&format!("public_key={K2}\n{line}")).unwrap_err();
+            assert!(e.message.contains(needle), "{line}: {}", e.message);
+        }
+    }
+
+    #[test]
+    fn get_format() {
+        let snap = DeviceSnapshot {
+            private_key: Some([1; 32]),
+            listen_port: 51820,
+            fwmark: 0,
+            peers: vec![wirelane_dataplane::PeerSnapshot {
+                public_key: [2; 32],
+                preshared_key: [0; 32],
+                endpoint: Some("[fd00::2]:7".parse().unwrap()),
+                last_handshake: Some(Duration::new(1_700_000_000, 5)),
+                rx_bytes: 10,
+                tx_bytes: 20,
+                persistent_keepalive: 0,
+                allowed_ips: vec!["10.0.0.0/24".parse().unwrap()],
+            }],
+        };
+        let text = format_get(&snap);
+        let expect = format!(
+            "private_key={}\nlisten_port=51820\npublic_key={}\npreshared_key={}\nprotocol_version=1\n\
+             endpoint=[fd00::2]:7\nlast_handshake_time_sec=1700000000\nlast_handshake_time_nsec=5\n\
+             tx_bytes=20\nrx_bytes=10\npersistent_keepalive_interval=0\nallowed_ip=10.0.0.0/24\n",
+            "01".repeat(32),
+            "02".repeat(32),
+            "00".repeat(32)
+        );
+        assert_eq!(text, expect);
+    }
+}
