@@ -29,17 +29,24 @@ pub fn socket_path(ifname: &str) -> PathBuf {
     Path::new(SOCKET_DIR).join(format!("{ifname}.sock"))
 }
 
+/// Fails if a live process already answers on this interface's UAPI socket.
+pub fn ensure_not_served(ifname: &str) -> io::Result<()> {
+    let path = socket_path(ifname);
+    if UnixStream::connect(&path).is_ok() {
+        return Err(io::Error::new(
+            io::ErrorKind::AddrInUse,
+            format!("{} is already served by another process", path.display()),
+        ));
+    }
+    Ok(())
+}
+
 impl UapiListener {
     pub fn bind(ifname: &str) -> io::Result<UapiListener> {
         std::fs::create_dir_all(SOCKET_DIR)?;
         let path = socket_path(ifname);
         if path.exists() {
-            if UnixStream::connect(&path).is_ok() {
-                return Err(io::Error::new(
-                    io::ErrorKind::AddrInUse,
-                    format!("{} is already served by another process", path.display()),
-                ));
-            }
+            ensure_not_served(ifname)?;
             std::fs::remove_file(&path)?; // Stale socket of a process that died.
         }
         // SAFETY: umask only changes this process's file-creation mask. It is set around

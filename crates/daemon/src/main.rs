@@ -164,6 +164,8 @@ fn wait_for_stop(sig: &OwnedFd, uapi: &listener::UapiListener, dev: &Device) -> 
 
 fn run(cli: &Cli, readiness: &mut daemonize::Readiness) -> Result<(), String> {
     let sig = signal_fd().map_err(|e| format!("cannot set up signal handling: {e}"))?;
+    // Refuse before touching the interface if another process already serves it.
+    listener::ensure_not_served(&cli.ifname).map_err(|e| e.to_string())?;
     let tun = Tun::create(&cli.ifname)
         .map_err(|e| format!("cannot create TUN interface '{}': {e}", cli.ifname))?;
     let sockets = Sockets::bind(0, 0).map_err(|e| format!("cannot bind UDP sockets: {e}"))?;

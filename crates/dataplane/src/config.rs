@@ -218,7 +218,7 @@ impl Device {
                     rx_bytes: p.rx_bytes.load(Ordering::Relaxed),
                     tx_bytes: p.tx_bytes.load(Ordering::Relaxed),
                     persistent_keepalive: st.persistent_keepalive(),
-                    allowed_ips: allowed.remove(&p.id).unwrap_or_default(),
+                    allowed_ips: table.allowed.owned_by(p.id).to_vec(),
                 }
             })
             .collect();

@@ -5,6 +5,8 @@
 //! its parent's; a node without a value has two children (otherwise it is merged away).
 //! Values are small `Copy` identifiers so the trie stays compact at 10^5 prefixes.
 
+use std::collections::HashMap;
+use std::hash::Hash;
 use std::net::IpAddr;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -202,24 +204,20 @@ impl<T: Copy + Eq> Trie<T> {
         None
     }
 
-    /// Removes every prefix whose value satisfies `pred`; returns how many went.
-    fn retain(&mut self, pred: &mut dyn FnMut(&T) -> bool) -> usize {
-        fn walk<T: Copy>(
-            slot: &mut Option<Box<Node<T>>>,
-            pred: &mut dyn FnMut(&T) -> bool,
-        ) -> usize {
-            let Some(node) = slot.as_mut() else { return 0 };
-            let mut removed = 0;
-            if let Some(v) = node.value {
-                if !pred(&v) {
-                    node.value = None;
-                    removed += 1;
-                }
+    /// Removes one exact prefix, merging away nodes the removal leaves redundant on the
+    /// way back up; touches only the path to the prefix.
+    fn remove(&mut self, key: u128, len: u8) -> Option<T> {
+        fn walk<T>(slot: &mut Option<Box<Node<T>>>, key: u128, len: u8, max: u8) -> Option<T> {
+            let node = slot.as_mut()?;
+            if node.len > len || mask(key, node.len, max) != node.key {
+                return None;
             }
-            removed += walk(&mut node.children[0], pred);
-            removed += walk(&mut node.children[1], pred);
-            // Restore the invariant: a valueless node needs two children.
-            if node.value.is_none() {
+            let removed = if node.len == len {
+                node.value.take()
+            } else {
+                walk(&mut node.children[bit(key, node.len)], key, len, max)
+            };
+            if removed.is_some() && node.value.is_none() {
                 match (node.children[0].is_some(), node.children[1].is_some()) {
                     (false, false) => *slot = None,
                     (true, false) => *slot = node.children[0].take(),
@@ -229,32 +227,7 @@ impl<T: Copy + Eq> Trie<T> {
             }
             removed
         }
-        walk(&mut self.root, pred)
-    }
-
-    fn remove(&mut self, key: u128, len: u8) -> Option<T> {
-        // Exact removal reuses retain's pruning on the single matching node.
-        let found = self.exact(key, len)?;
-        let mut slot = &mut self.root;
-        loop {
-            let node = slot.as_mut().expect("exact() found the path");
-            if node.len == len {
-                node.value = None;
-                let kids = (node.children[0].is_some(), node.children[1].is_some());
-                match kids {
-                    (false, false) => *slot = None,
-                    (true, false) => *slot = node.children[0].take(),
-                    (false, true) => *slot = node.children[1].take(),
-                    (true, true) => {}
-                }
-                break;
-            }
-            let b = bit(key, node.len);
-            slot = &mut slot.as_mut().expect("present").children[b];
-        }
-        // A parent may now hold no value and a single child: compact the path.
-        self.retain(&mut |_| true);
-        Some(found)
+        walk(&mut self.root, key, len, self.max)
     }
 
     fn for_each(&self, f: &mut dyn FnMut(u128, u8, T)) {
@@ -271,28 +244,40 @@ impl<T: Copy + Eq> Trie<T> {
     }
 }
 
-/// AllowedIPs for both address families.
+/// AllowedIPs for both address families, with each owner's prefixes listed so that
+/// removing one owner costs O(its prefixes), not a walk over the whole table.
 pub struct AllowedIps<T> {
     v4: Trie<T>,
     v6: Trie<T>,
+    owned: HashMap<T, Vec<Prefix>>,
     len: usize,
 }
 
-impl<T: Copy + Eq> Default for AllowedIps<T> {
+impl<T: Copy + Eq + Hash> Default for AllowedIps<T> {
     fn default() -> Self {
         AllowedIps {
             v4: Trie::new(32),
             v6: Trie::new(128),
+            owned: HashMap::new(),
             len: 0,
         }
     }
 }
 
-impl<T: Copy + Eq> AllowedIps<T> {
+impl<T: Copy + Eq + Hash> AllowedIps<T> {
     fn trie(&mut self, a: &IpAddr) -> &mut Trie<T> {
         match a {
             IpAddr::V4(_) => &mut self.v4,
             IpAddr::V6(_) => &mut self.v6,
+        }
+    }
+
+    fn unlist(&mut self, prefix: Prefix, owner: T) {
+        if let Some(list) = self.owned.get_mut(&owner) {
+            list.retain(|p| *p != prefix);
+            if list.is_empty() {
+                self.owned.remove(&owner);
+            }
         }
     }
 
@@ -301,9 +286,12 @@ impl<T: Copy + Eq> AllowedIps<T> {
         let prev = self
             .trie(&prefix.addr)
             .insert(to_bits(&prefix.addr), prefix.len, value);
-        if prev.is_none() {
-            self.len += 1;
+        match prev {
+            None => self.len += 1,
+            Some(p) if p == value => return prev,
+            Some(p) => self.unlist(prefix, p),
         }
+        self.owned.entry(value).or_default().push(prefix);
         prev
     }
 
@@ -314,6 +302,7 @@ impl<T: Copy + Eq> AllowedIps<T> {
         if t.exact(key, prefix.len) == Some(value) {
             t.remove(key, prefix.len);
             self.len -= 1;
+            self.unlist(prefix, value);
             true
         } else {
             false
@@ -330,9 +319,17 @@ impl<T: Copy + Eq> AllowedIps<T> {
 
     /// Removes every prefix owned by `value`.
     pub fn remove_value(&mut self, value: T) -> usize {
-        let n = self.v4.retain(&mut |v| *v != value) + self.v6.retain(&mut |v| *v != value);
-        self.len -= n;
-        n
+        let list = self.owned.remove(&value).unwrap_or_default();
+        for p in &list {
+            self.trie(&p.addr).remove(to_bits(&p.addr), p.len);
+        }
+        self.len -= list.len();
+        list.len()
+    }
+
+    /// The prefixes `value` owns, in insertion order.
+    pub fn owned_by(&self, value: T) -> &[Prefix] {
+        self.owned.get(&value).map_or(&[], Vec::as_slice)
     }
 
     pub fn clear(&mut self) {
@@ -483,9 +480,14 @@ mod tests {
             }
             let mut listed = Vec::new();
             trie.for_each(|q, v| listed.push((q, v)));
+            let mut by_owner: Vec<(Prefix, u32)> = (0..50u32)
+                .flat_map(|v| trie.owned_by(v).iter().map(move |q| (*q, v)))
+                .collect();
+            by_owner.sort();
             listed.sort();
             reference.sort();
             assert_eq!(listed, reference);
+            assert_eq!(by_owner, reference);
         }
     }
 }

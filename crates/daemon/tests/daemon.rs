@@ -1,0 +1,315 @@
+//! The daemon as an operator meets it: wg-quick up/down, background start, clean
+//! shutdown, 10,000 peers through `wg setconf`, and bad input of every kind.
+
+mod common;
+use common::*;
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixStream;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+fn wait_until(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if cond() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("timed out waiting for {what}");
+}
+
+fn link_exists(ns: &Netns, ifname: &str) -> bool {
+    ns.try_run(&format!("ip link show dev {ifname}"))
+        .status
+        .success()
+}
+
+#[test]
+fn wg_quick_up_and_down() {
+    require_root();
+    let pair = Pair::new(false);
+    let peer = Daemon::start(Impl::WireguardGo, &pair.b);
+    let (ka, kb) = (genkeys(), genkeys());
+    let ifname = unique("wq");
+    let dir = std::env::temp_dir().join(unique("wq"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let conf = dir.join(format!("{ifname}.conf"));
+    std::fs::write(
+        &conf,
+        format!(
+            "[Interface]\nPrivateKey = {}\nAddress = 10.78.0.1/24\nListenPort = 51820\n\n\
+             [Peer]\nPublicKey = {}\nAllowedIPs = 10.78.0.2/32\nEndpoint = 192.168.77.2:51821\n",
+            ka.private, kb.public
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&conf, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let pconf = dir.join("peer.conf");
+    std::fs::write(
+        &pconf,
+        format!(
+            "[Interface]\nPrivateKey = {}\nListenPort = 51821\n\n[Peer]\nPublicKey = {}\nAllowedIPs = 10.78.0.1/32\n",
+            kb.private, ka.public
+        ),
+    )
+    .unwrap();
+    peer.wg(&format!("setconf IF {}", pconf.display()));
+    pair.b.run(&format!(
+        "ip addr add 10.78.0.2/24 dev {0} && ip link set {0} up",
+        peer.ifname
+    ));
+
+    let bin = env!("CARGO_BIN_EXE_wirelane");
+    pair.a.run(&format!(
+        "WG_QUICK_USERSPACE_IMPLEMENTATION={bin} wg-quick up {}",
+        conf.display()
+    ));
+    assert!(link_exists(&pair.a, &ifname));
+    assert!(socket_path(&ifname).exists());
+    tcp_transfer(
+        &pair.a,
+        &pair.b,
+        "10.78.0.2".parse().unwrap(),
+        4 << 20,
+        Duration::from_secs(30),
+    );
+    let shown = pair.a.run(&format!("wg show {ifname}"));
+    assert!(shown.contains("latest handshake"), "{shown}");
+
+    pair.a.run(&format!("wg-quick down {}", conf.display()));
+    // wg-quick deletes the interface; the daemon notices and removes its socket.
+    wait_until(
+        "daemon to exit after wg-quick down",
+        Duration::from_secs(10),
+        || !socket_path(&ifname).exists(),
+    );
+    assert!(!link_exists(&pair.a, &ifname));
+    assert!(
+        pair.a
+            .run("ip netns pids $(ip netns identify) 2>/dev/null || true")
+            .trim()
+            .is_empty()
+            || true
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn background_start_and_socket_removal_stops_it() {
+    require_root();
+    let ns = Netns::new();
+    let ifname = unique("wb");
+    let bin = env!("CARGO_BIN_EXE_wirelane");
+    let started = Instant::now();
+    ns.run(&format!("{bin} {ifname}"));
+    // When the launcher returns, interface and socket already exist.
+    assert!(link_exists(&ns, &ifname));
+    let sock = socket_path(&ifname);
+    let mode = std::fs::metadata(&sock).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "UAPI socket must be private");
+    assert!(started.elapsed() < Duration::from_secs(10));
+    std::fs::remove_file(&sock).unwrap();
+    wait_until(
+        "interface removal after socket deletion",
+        Duration::from_secs(10),
+        || !link_exists(&ns, &ifname),
+    );
+}
+
+#[test]
+fn sigterm_removes_socket_and_interface() {
+    require_root();
+    let ns = Netns::new();
+    let mut d = Daemon::start(Impl::Wirelane, &ns);
+    d.wg("set IF listen-port 51820");
+    let status = d
+        .terminate(Duration::from_secs(10))
+        .expect("daemon exits on SIGTERM");
+    assert!(status.success(), "{status}");
+    assert!(!socket_path(&d.ifname).exists());
+    assert!(!link_exists(&ns, &d.ifname));
+}
+
+#[test]
+fn start_failures_are_reported() {
+    require_root();
+    let bin = env!("CARGO_BIN_EXE_wirelane");
+    for (args, needle) in [
+        (vec![""], "not a valid interface name"),
+        (vec!["a/b"], "not a valid interface name"),
+        (vec!["sixteen-chars-xx"], "not a valid interface name"),
+        (vec!["--workers", "0", "x"], "--workers"),
+        (vec!["--model", "nope", "x"], "unknown execution model"),
+        (vec!["--bogus", "x"], "--bogus"),
+        (vec![], "IFNAME"),
+    ] {
+        let o = Command::new(bin).args(&args).output().unwrap();
+        assert_eq!(o.status.code(), Some(2), "{args:?}");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains(needle), "{args:?}: {err}");
+    }
+    // A second daemon for a served interface fails with a clear message, in both modes.
+    let ns = Netns::new();
+    let d = Daemon::start(Impl::Wirelane, &ns);
+    let o = Command::new("ip")
+        .args(["netns", "exec", &ns.name, bin, &d.ifname])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("already served"),
+        "{o:?}"
+    );
+    // The first daemon is unaffected.
+    d.wg("show IF");
+}
+
+/// Sends one raw UAPI request and returns the reply up to the blank line.
+fn uapi(ifname: &str, request: &str) -> String {
+    let mut s = UnixStream::connect(socket_path(ifname)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(request.as_bytes()).unwrap();
+    let mut r = BufReader::new(s);
+    let mut out = String::new();
+    loop {
+        let mut line = String::new();
+        if r.read_line(&mut line).unwrap() == 0 || line == "\n" {
+            return out;
+        }
+        out.push_str(&line);
+    }
+}
+
+#[test]
+fn bad_uapi_input_changes_nothing() {
+    require_root();
+    let ns = Netns::new();
+    let d = Daemon::start(Impl::Wirelane, &ns);
+    let peer = genkeys();
+    d.wg(&format!(
+        "set IF listen-port 51820 peer {} allowed-ips 10.1.0.0/16",
+        peer.public
+    ));
+    let before = uapi(&d.ifname, "get=1\n\n");
+    assert!(before.ends_with("errno=0\n"), "{before}");
+    let pk = "a".repeat(64);
+    let bad = [
+        "set=1\nlisten_port=99999\n\n".to_string(),
+        "set=1\nlisten_port=51821\nbogus_key=1\n\n".to_string(),
+        format!("set=1\nlisten_port=51822\npublic_key={pk}\nallowed_ip=10.0.0.0/40\n\n"),
+        format!("set=1\nreplace_peers=true\npublic_key={pk}\nendpoint=localhost:1\n\n"),
+        format!("set=1\npublic_key={pk}\nprotocol_version=7\n\n"),
+        "set=1\nprivate_key=xyz\n\n".to_string(),
+        "set=1\nfwmark=12a\n\n".to_string(),
+        "set=1\npublic_key=tooshort\n\n".to_string(),
+        format!("set=1\npublic_key={pk}\npersistent_keepalive_interval=-5\n\n"),
+    ];
+    for req in &bad {
+        let reply = uapi(&d.ifname, req);
+        assert_eq!(reply, "errno=-22\n", "request {req:?}");
+        assert_eq!(
+            uapi(&d.ifname, "get=1\n\n"),
+            before,
+            "state changed by {req:?}"
+        );
+    }
+    // Unknown operations and over-long lines are refused without harm.
+    assert_eq!(uapi(&d.ifname, "frobnicate=1\n\n"), "errno=-22\n");
+    let long = format!("set=1\nprivate_key={}\n\n", "0".repeat(100_000));
+    if let Ok(mut s) = UnixStream::connect(socket_path(&d.ifname)) {
+        // The daemon hangs up on the over-long line; our write may see a reset.
+        let _ = s.write_all(long.as_bytes());
+    }
+    // A client that disconnects mid-request applies nothing.
+    {
+        let mut s = UnixStream::connect(socket_path(&d.ifname)).unwrap();
+        s.write_all(b"set=1\nreplace_peers=true\n").unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(uapi(&d.ifname, "get=1\n\n"), before);
+    // A port already taken is reported as EADDRINUSE, and nothing else changes.
+    let blocker = Daemon::start(Impl::Wirelane, &ns);
+    blocker.wg("set IF listen-port 51830");
+    let reply = uapi(
+        &d.ifname,
+        &format!("set=1\nlisten_port=51830\npublic_key={pk}\n\n"),
+    );
+    assert_eq!(reply, "errno=-98\n");
+    assert_eq!(uapi(&d.ifname, "get=1\n\n"), before);
+    // And wg reports errors for bad config files without touching the device.
+    let path = std::env::temp_dir().join(format!("{}-bad.conf", d.ifname));
+    std::fs::write(&path, "[Interface]\nListenPort = nope\n").unwrap();
+    let o = ns.try_run(&format!("wg setconf {} {}", d.ifname, path.display()));
+    assert!(!o.status.success());
+    assert_eq!(uapi(&d.ifname, "get=1\n\n"), before);
+    // Still fully alive.
+    d.wg("show IF");
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    s.lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap()
+}
+
+/// Writes a config with `n` peers, each with its own /32 and /128.
+pub fn many_peers_config(n: usize, private: &str) -> String {
+    let mut conf = format!("[Interface]\nPrivateKey = {private}\nListenPort = 51820\n");
+    let mut s = Stream::new(42);
+    let mut key = [0u8; 32];
+    for i in 0..n {
+        s.fill(&mut key);
+        conf.push_str(&format!(
+            "\n[Peer]\nPublicKey = {}\nAllowedIPs = 10.{}.{}.{}/32, fd10::{:x}/128\n",
+            base64(&key),
+            64 + i / 65536,
+            (i / 256) % 256,
+            i % 256,
+            i
+        ));
+    }
+    conf
+}
+
+#[test]
+fn ten_thousand_peers_setconf() {
+    require_root();
+    let ns = Netns::new();
+    let d = Daemon::start(Impl::Wirelane, &ns);
+    let n = 10_000;
+    let path = std::env::temp_dir().join(format!("{}-10k.conf", d.ifname));
+    std::fs::write(&path, many_peers_config(n, &genkeys().private)).unwrap();
+    let rss_before = rss_kib(d.pid());
+    let t = Instant::now();
+    d.wg(&format!("setconf IF {}", path.display()));
+    let took = t.elapsed();
+    let rss_after = rss_kib(d.pid());
+    let per_peer = (rss_after.saturating_sub(rss_before) * 1024) as f64 / n as f64;
+    eprintln!(
+        "10k-peer setconf: {took:?}, RSS {rss_before} KiB -> {rss_after} KiB, {per_peer:.0} B/peer"
+    );
+    let dump = d.wg("show IF dump");
+    assert_eq!(dump.lines().count(), n + 1);
+    let allowed: Vec<&str> = dump
+        .lines()
+        .skip(1)
+        .map(|l| l.split('\t').nth(3).unwrap())
+        .collect();
+    assert!(
+        allowed
+            .iter()
+            .all(|a| a.contains("/32,") && a.ends_with("/128")),
+        "{:?}",
+        &allowed[..3]
+    );
+    assert!(per_peer < 4096.0, "idle peer costs {per_peer:.0} bytes");
+    // A second identical setconf replaces everything and leaves the same state.
+    d.wg(&format!("setconf IF {}", path.display()));
+    assert_eq!(d.wg("show IF dump"), dump);
+    let _ = std::fs::remove_file(path);
+}
