@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# The whole test suite: formatting, lints, unit and protocol tests, and the network
+# namespace integration tests against wireguard-go and boringtun. Run as root on Debian;
+# it installs what it needs first.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/install-deps.sh
+export PATH="$HOME/.cargo/bin:/usr/local/go/bin:$HOME/go/bin:$PATH"
+rustup component add rustfmt clippy >/dev/null 2>&1 || true
+
+echo "== cargo fmt --check"
+cargo fmt --all -- --check
+echo "== cargo clippy"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+echo "== cargo test"
+# Namespace tests share /var/run/wireguard; names are unique, so two at a time is safe.
+cargo test --workspace --locked -- --test-threads 2
