@@ -202,3 +202,33 @@ fn roaming_with_wireguard_go() {
 fn roaming_with_wirelane() {
     roaming(Impl::Wirelane);
 }
+
+/// Cryptokey routing on receive: a packet whose inner source is not in the sending
+/// peer's AllowedIPs is dropped, even though it authenticated.
+#[test]
+fn inner_source_must_be_allowed() {
+    let t = tunnel(Impl::WireguardGo, false, true);
+    // B may send to A's whole /24, and owns a second address A does not allow for it.
+    t.b.wg(&format!(
+        "set IF peer {} allowed-ips 10.77.0.0/24",
+        t.a.wg("show IF public-key").trim()
+    ));
+    t.pair
+        .b
+        .run(&format!("ip addr add 10.77.0.99/24 dev {}", t.b.ifname));
+    tcp_transfer(
+        &t.pair.a,
+        &t.pair.b,
+        "10.77.0.2".parse().unwrap(),
+        1 << 20,
+        Duration::from_secs(30),
+    );
+    // From the allowed address: works. From 10.77.0.99: A drops it.
+    let spoofed = t.pair.b.try_run("ping -c 2 -W 1 -I 10.77.0.99 10.77.0.1");
+    assert!(
+        !spoofed.status.success(),
+        "reply to a disallowed inner source"
+    );
+    let allowed = t.pair.b.try_run("ping -c 2 -W 1 -I 10.77.0.2 10.77.0.1");
+    assert!(allowed.status.success(), "{allowed:?}");
+}
