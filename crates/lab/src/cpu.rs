@@ -1,0 +1,224 @@
+//! CPU accounting from two independent sources, as seed 001 advises: per-core time from
+//! /proc/stat, and per-thread run time from /proc/PID/task/*/schedstat. The two are
+//! compared: kernel work done in softirq context on behalf of nobody (or accounted as
+//! idle, when IRQ time accounting is off) shows up as a gap between them.
+
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+
+/// Jiffies of one core, by /proc/stat column.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CoreTicks {
+    pub user: u64,
+    pub nice: u64,
+    pub system: u64,
+    pub idle: u64,
+    pub iowait: u64,
+    pub irq: u64,
+    pub softirq: u64,
+    pub steal: u64,
+}
+
+/// Parses the per-core lines (`cpu0`, `cpu1`, …) of /proc/stat.
+pub fn parse_proc_stat(text: &str) -> Vec<CoreTicks> {
+    text.lines()
+        .filter(|l| l.starts_with("cpu") && l.as_bytes().get(3).is_some_and(u8::is_ascii_digit))
+        .map(|l| {
+            let f: Vec<u64> = l
+                .split_whitespace()
+                .skip(1)
+                .map(|x| x.parse().unwrap_or(0))
+                .collect();
+            let g = |i: usize| f.get(i).copied().unwrap_or(0);
+            CoreTicks {
+                user: g(0),
+                nice: g(1),
+                system: g(2),
+                idle: g(3),
+                iowait: g(4),
+                irq: g(5),
+                softirq: g(6),
+                steal: g(7),
+            }
+        })
+        .collect()
+}
+
+/// Share of one core's time in each state over an interval (fractions summing to 1).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct CoreSplit {
+    pub user: f64,
+    pub sys: f64,
+    pub softirq: f64,
+    pub irq: f64,
+    pub idle: f64,
+}
+
+pub fn core_splits(before: &[CoreTicks], after: &[CoreTicks]) -> Vec<CoreSplit> {
+    before
+        .iter()
+        .zip(after)
+        .map(|(b, a)| {
+            let d = |x: u64, y: u64| y.saturating_sub(x) as f64;
+            let user = d(b.user, a.user) + d(b.nice, a.nice);
+            let sys = d(b.system, a.system) + d(b.steal, a.steal);
+            let softirq = d(b.softirq, a.softirq);
+            let irq = d(b.irq, a.irq);
+            let idle = d(b.idle, a.idle) + d(b.iowait, a.iowait);
+            let total = (user + sys + softirq + irq + idle).max(1.0);
+            CoreSplit {
+                user: user / total,
+                sys: sys / total,
+                softirq: softirq / total,
+                irq: irq / total,
+                idle: idle / total,
+            }
+        })
+        .collect()
+}
+
+pub fn read_cores() -> Vec<CoreTicks> {
+    std::fs::read_to_string("/proc/stat")
+        .map(|t| parse_proc_stat(&t))
+        .unwrap_or_default()
+}
+
+/// Run time (ns) of each thread of `pid`, keyed by thread id, with its name.
+pub fn read_threads(pid: u32) -> HashMap<u32, (String, u64)> {
+    let mut out = HashMap::new();
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return out;
+    };
+    for e in dir.flatten() {
+        let Ok(tid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let base = e.path();
+        let comm = std::fs::read_to_string(base.join("comm"))
+            .unwrap_or_default()
+            .trim()
+            .to_string();
+        let run = std::fs::read_to_string(base.join("schedstat"))
+            .ok()
+            .and_then(|s| s.split_whitespace().next().and_then(|x| x.parse().ok()))
+            .unwrap_or(0);
+        out.insert(tid, (comm, run));
+    }
+    out
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ThreadCpu {
+    pub process: String,
+    pub thread: String,
+    pub cpu_s: f64,
+}
+
+/// Per-thread CPU seconds between two readings (threads that appeared count from 0).
+pub fn thread_deltas(
+    process: &str,
+    before: &HashMap<u32, (String, u64)>,
+    after: &HashMap<u32, (String, u64)>,
+) -> Vec<ThreadCpu> {
+    let mut v: Vec<ThreadCpu> = after
+        .iter()
+        .map(|(tid, (name, run))| {
+            let start = before.get(tid).map_or(0, |(_, r)| *r);
+            ThreadCpu {
+                process: process.to_string(),
+                thread: name.clone(),
+                cpu_s: run.saturating_sub(start) as f64 / 1e9,
+            }
+        })
+        .filter(|t| t.cpu_s > 0.0)
+        .collect();
+    v.sort_by(|a, b| {
+        b.cpu_s
+            .partial_cmp(&a.cpu_s)
+            .unwrap_or(std::cmp::Ordering::Equal)
+    });
+    v
+}
+
+/// Peak resident set (VmHWM) of a process, in KiB.
+pub fn peak_rss_kib(pid: u32) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    s.lines()
+        .find(|l| l.starts_with("VmHWM:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+/// Clock ticks per second for /proc/stat.
+pub fn ticks_per_second() -> f64 {
+    // SAFETY: sysconf has no preconditions.
+    let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if t > 0 {
+        t as f64
+    } else {
+        100.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const STAT: &str = "cpu  10 0 10 100 0 0 0 0 0 0\n\
+cpu0 5 1 4 50 2 1 3 0 0 0\n\
+cpu1 5 0 6 50 0 0 0 0 0 0\n\
+intr 12345\nctxt 99\n";
+
+    #[test]
+    fn parses_cores_only() {
+        let c = parse_proc_stat(STAT);
+        assert_eq!(c.len(), 2);
+        assert_eq!(
+            c[0],
+            CoreTicks {
+                user: 5,
+                nice: 1,
+                system: 4,
+                idle: 50,
+                iowait: 2,
+                irq: 1,
+                softirq: 3,
+                steal: 0
+            }
+        );
+    }
+
+    #[test]
+    fn splits_sum_to_one() {
+        let before = parse_proc_stat(STAT);
+        let mut after = before.clone();
+        after[0].user += 30;
+        after[0].softirq += 10;
+        after[0].idle += 60;
+        let s = core_splits(&before, &after);
+        assert!((s[0].user - 0.3).abs() < 1e-9);
+        assert!((s[0].softirq - 0.1).abs() < 1e-9);
+        assert!((s[0].idle - 0.6).abs() < 1e-9);
+        let total = s[0].user + s[0].sys + s[0].softirq + s[0].irq + s[0].idle;
+        assert!((total - 1.0).abs() < 1e-9);
+        assert_eq!(s[1].idle, 0.0, "no ticks at all is not 100% idle");
+    }
+
+    #[test]
+    fn thread_deltas_of_this_process() {
+        let pid = std::process::id();
+        let before = read_threads(pid);
+        let t0 = std::time::Instant::now();
+        let mut x = 0u64;
+        while t0.elapsed() < std::time::Duration::from_millis(50) {
+            x = x.wrapping_mul(31).wrapping_add(7);
+        }
+        std::hint::black_box(x);
+        let after = read_threads(pid);
+        let d = thread_deltas("self", &before, &after);
+        assert!(d.iter().map(|t| t.cpu_s).sum::<f64>() >= 0.02, "{d:?}");
+        assert!(peak_rss_kib(pid).unwrap() > 0);
+    }
+}

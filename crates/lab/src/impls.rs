@@ -1,0 +1,259 @@
+//! Implementations under test. Daemons are started like wireguard-go (`CMD -f IFNAME`)
+//! as children of the lab, configured through `wg`, and stopped and reaped when their
+//! guard drops. `kernel` uses the in-kernel module where the machine has one; `none`
+//! is the plain veth path, shown as the ceiling.
+
+use crate::netns::{self, unique, Netns};
+use crate::topology::Testbed;
+use crate::Result;
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Impl {
+    Wirelane,
+    WireguardGo,
+    Boringtun,
+    Kernel,
+    None,
+}
+
+pub const ALL: [Impl; 5] = [
+    Impl::Wirelane,
+    Impl::WireguardGo,
+    Impl::Boringtun,
+    Impl::Kernel,
+    Impl::None,
+];
+
+impl std::str::FromStr for Impl {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        ALL.into_iter()
+            .find(|i| i.name() == s)
+            .ok_or_else(|| format!("unknown implementation '{s}' (known: wirelane, wireguard-go, boringtun, kernel, none)"))
+    }
+}
+
+/// Finds a program on PATH or in the per-user install directories.
+pub fn find_tool(name: &str) -> Option<PathBuf> {
+    let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
+    let path = std::env::var("PATH").unwrap_or_default();
+    path.split(':')
+        .map(PathBuf::from)
+        .chain([
+            PathBuf::from(format!("{home}/go/bin")),
+            PathBuf::from(format!("{home}/.cargo/bin")),
+        ])
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+}
+
+impl Impl {
+    pub fn name(self) -> &'static str {
+        match self {
+            Impl::Wirelane => "wirelane",
+            Impl::WireguardGo => "wireguard-go",
+            Impl::Boringtun => "boringtun",
+            Impl::Kernel => "kernel",
+            Impl::None => "none",
+        }
+    }
+
+    fn program(self) -> Result<PathBuf> {
+        let (name, hint) = match self {
+            Impl::Wirelane => {
+                // The daemon built alongside this lab binary.
+                let sibling = std::env::current_exe()?.with_file_name("wirelane");
+                if sibling.is_file() {
+                    return Ok(sibling);
+                }
+                ("wirelane", "cargo build --release -p wirelane")
+            }
+            Impl::WireguardGo => (
+                "wireguard-go",
+                "scripts/install-deps.sh (go install golang.zx2c4.com/wireguard@…)",
+            ),
+            Impl::Boringtun => (
+                "boringtun-cli",
+                "scripts/install-deps.sh (cargo install boringtun-cli)",
+            ),
+            _ => return Err(format!("{} has no daemon", self.name()).into()),
+        };
+        find_tool(name)
+            .ok_or_else(|| format!("{name} is not installed; install it with: {hint}").into())
+    }
+
+    /// Whether this implementation can run on this machine, or why not.
+    pub fn available(self) -> std::result::Result<(), String> {
+        match self {
+            Impl::None => Ok(()),
+            Impl::Kernel => {
+                if std::path::Path::new("/sys/module/wireguard").exists() {
+                    Ok(())
+                } else {
+                    Err("this kernel has no WireGuard module".into())
+                }
+            }
+            _ => self.program().map(|_| ()).map_err(|e| e.to_string()),
+        }
+    }
+
+    pub fn version(self) -> String {
+        match self {
+            Impl::None => "veth".into(),
+            Impl::Kernel => netns::sh("uname -r")
+                .map(|s| format!("linux {}", s.trim()))
+                .unwrap_or_default(),
+            _ => self
+                .program()
+                .ok()
+                .and_then(|p| std::process::Command::new(p).arg("--version").output().ok())
+                .map(|o| {
+                    let s = String::from_utf8_lossy(&o.stdout).to_string()
+                        + &String::from_utf8_lossy(&o.stderr);
+                    s.lines()
+                        .find(|l| !l.trim().is_empty() && !l.contains('│') && !l.contains('┌'))
+                        .unwrap_or("")
+                        .trim()
+                        .to_string()
+                })
+                .unwrap_or_else(|| "unknown".into()),
+        }
+    }
+}
+
+/// A running tunnel end.
+pub struct Daemon {
+    child: Option<Child>,
+    pub pid: Option<u32>,
+    pub ifname: String,
+    pub which: Impl,
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            // SAFETY: signalling our own child.
+            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+            let deadline = Instant::now() + Duration::from_secs(3);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = c.try_wait() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let _ = std::fs::remove_file(format!("/var/run/wireguard/{}.sock", self.ifname));
+    }
+}
+
+fn start(which: Impl, ns: &Netns) -> Result<Daemon> {
+    let ifname = unique("lw");
+    if which == Impl::Kernel {
+        ns.run(&format!("ip link add {ifname} type wireguard"))?;
+        return Ok(Daemon {
+            child: None,
+            pid: None,
+            ifname,
+            which,
+        });
+    }
+    let mut cmd = ns.command(which.program()?.to_str().ok_or("non-UTF-8 path")?);
+    cmd.arg("-f");
+    if which == Impl::Boringtun {
+        cmd.arg("--disable-drop-privileges");
+    }
+    let child = cmd
+        .arg(&ifname)
+        .env("WG_PROCESS_FOREGROUND", "1")
+        .env("LOG_LEVEL", "error")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()?;
+    let mut d = Daemon {
+        pid: Some(child.id()),
+        child: Some(child),
+        ifname,
+        which,
+    };
+    let sock = format!("/var/run/wireguard/{}.sock", d.ifname);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !std::path::Path::new(&sock).exists() {
+        if let Some(st) = d.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+            return Err(format!("{} exited during start-up: {st}", which.name()).into());
+        }
+        if Instant::now() > deadline {
+            return Err(format!("{} did not create its UAPI socket", which.name()).into());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(d)
+}
+
+/// The tunnel (or plain path) a workload runs over.
+pub struct Tunnel {
+    pub daemons: Vec<Daemon>,
+    /// Address of host A and host B as the workload sees them.
+    pub addr_a: IpAddr,
+    pub addr_b: IpAddr,
+}
+
+impl Tunnel {
+    pub fn up(which: Impl, bed: &Testbed) -> Result<Tunnel> {
+        let link = &bed.links[0];
+        let (ha, hb) = (&bed.hosts[link.a], &bed.hosts[link.b]);
+        if which == Impl::None {
+            return Ok(Tunnel {
+                daemons: Vec::new(),
+                addr_a: ha.underlay,
+                addr_b: hb.underlay,
+            });
+        }
+        which.available()?;
+        let keys: Vec<(String, String)> = (0..2)
+            .map(|_| -> Result<(String, String)> {
+                let private = netns::sh("wg genkey")?.trim().to_string();
+                let public = netns::sh(&format!("echo {private} | wg pubkey"))?
+                    .trim()
+                    .to_string();
+                Ok((private, public))
+            })
+            .collect::<Result<_>>()?;
+        let mut daemons = Vec::new();
+        let inner = ["10.81.0.1", "10.81.0.2"];
+        for (i, (host, sends_to)) in [(ha, link.a_sends_to), (hb, link.b_sends_to)]
+            .into_iter()
+            .enumerate()
+        {
+            let d = start(which, &host.ns)?;
+            let keyfile = std::env::temp_dir().join(format!("{}.key", d.ifname));
+            std::fs::write(&keyfile, format!("{}\n", keys[i].0))?;
+            let other = 1 - i;
+            let r = host.ns.run(&format!(
+                "wg set {if_} private-key {kf} listen-port {port} peer {pk} endpoint {ep} allowed-ips {ip}/32 \
+                 && ip addr add {me}/24 dev {if_} && ip link set {if_} up",
+                if_ = d.ifname,
+                kf = keyfile.display(),
+                port = host.port,
+                pk = keys[other].1,
+                ep = sends_to,
+                ip = inner[other],
+                me = inner[i],
+            ));
+            let _ = std::fs::remove_file(&keyfile);
+            r?;
+            daemons.push(d);
+        }
+        Ok(Tunnel {
+            daemons,
+            addr_a: inner[0].parse()?,
+            addr_b: inner[1].parse()?,
+        })
+    }
+}

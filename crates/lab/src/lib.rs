@@ -1,0 +1,20 @@
+//! wirelane lab: a reproducible network-namespace testbed that measures and compares
+//! WireGuard implementations (wirelane, wireguard-go, boringtun, kernel) against the
+//! plain veth path, with built-in workloads, an impairment relay, a run matrix, and
+//! HTML/Markdown reports.
+
+pub mod cpu;
+pub mod hist;
+pub mod impls;
+pub mod matrix;
+pub mod netns;
+pub mod record;
+pub mod relay;
+pub mod report;
+pub mod run;
+pub mod stats;
+pub mod summary;
+pub mod topology;
+pub mod workload;
+
+pub type Result<T> = std::result::Result<T, Box<dyn std::error::Error + Send + Sync>>;

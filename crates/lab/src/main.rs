@@ -1,0 +1,209 @@
+//! `wirelane-lab`: run a measurement matrix, and report on its results.
+
+use clap::{Parser, Subcommand};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use wirelane_lab::matrix::Matrix;
+use wirelane_lab::{record, report, run, summary, Result};
+
+#[derive(Parser)]
+#[command(
+    name = "wirelane-lab",
+    version,
+    about = "Measure and compare WireGuard implementations in network namespaces"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run every cell of MATRIX (a TOML file), interleaving implementations, and write
+    /// one JSON line per run to OUT/results.jsonl plus OUT/summary.md.
+    Run {
+        matrix: PathBuf,
+        /// Output directory (default: lab-results/<timestamp>).
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Override the matrix's seconds per cell.
+        #[arg(long, value_name = "SECONDS")]
+        duration: Option<f64>,
+        /// Override the matrix's repeats.
+        #[arg(long)]
+        repeats: Option<usize>,
+        /// Only these implementations (comma-separated).
+        #[arg(long, value_delimiter = ',')]
+        only: Vec<String>,
+    },
+    /// Write DIR/report.html (charts and history) and DIR/summary.md from DIR's
+    /// results, with earlier result directories as history.
+    Report {
+        dir: PathBuf,
+        /// Earlier result directories to include in the history table.
+        #[arg(long)]
+        history: Vec<PathBuf>,
+    },
+}
+
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    INTERRUPTED.store(true, Ordering::SeqCst);
+}
+
+fn install_signal_handlers() {
+    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+    unsafe {
+        libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
+        libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
+    }
+}
+
+fn progress(done: usize, total: usize, line: &str) {
+    let width = 30;
+    let filled = done * width / total.max(1);
+    eprintln!(
+        "[{}{}] {done}/{total} {line}",
+        "#".repeat(filled),
+        ".".repeat(width - filled)
+    );
+}
+
+fn run_matrix(
+    path: &PathBuf,
+    out: Option<PathBuf>,
+    duration: Option<f64>,
+    repeats: Option<usize>,
+    only: &[String],
+) -> Result<()> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut m = Matrix::parse(&text)?;
+    if let Some(d) = duration {
+        if !(0.5..=600.0).contains(&d) {
+            return Err("--duration must be 0.5..=600 seconds".into());
+        }
+        m.duration = std::time::Duration::from_secs_f64(d);
+    }
+    if let Some(r) = repeats {
+        if !(1..=100).contains(&r) {
+            return Err("--repeats must be 1..=100".into());
+        }
+        m.repeats = r;
+    }
+    if !only.is_empty() {
+        let keep: Vec<_> = only
+            .iter()
+            .map(|s| s.parse())
+            .collect::<std::result::Result<_, _>>()?;
+        m.implementations.retain(|i| keep.contains(i));
+        if m.implementations.is_empty() {
+            return Err("--only leaves no implementation".into());
+        }
+    }
+    let mut impls = Vec::new();
+    for i in &m.implementations {
+        match i.available() {
+            Ok(()) => impls.push(*i),
+            Err(why) => eprintln!("skipping {}: {why}", i.name()),
+        }
+    }
+    m.implementations = impls;
+    if m.implementations.is_empty() {
+        return Err("no implementation in the matrix is available here".into());
+    }
+    let env = record::collect_env(&m.implementations);
+    let set = format!("{} {}", record::now_rfc3339(), env.commit);
+    let out = out.unwrap_or_else(|| {
+        PathBuf::from("lab-results").join(record::now_rfc3339().replace(':', "-"))
+    });
+    std::fs::create_dir_all(&out)?;
+    let mut results = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(out.join("results.jsonl"))?;
+    let schedule = m.schedule();
+    let mut records = Vec::new();
+    for (k, r) in schedule.iter().enumerate() {
+        if INTERRUPTED.load(Ordering::SeqCst) {
+            eprintln!(
+                "interrupted: {} of {} runs done; partial results kept",
+                k,
+                schedule.len()
+            );
+            break;
+        }
+        let rec = run::execute(&m, r, &env, &set);
+        let fig = match (&rec.error, summary::metrics_for(&rec).first()) {
+            (Some(e), _) => format!("error: {e}"),
+            (None, Some(mt)) => (mt.extract)(&rec).map_or("no data".into(), |v| {
+                format!("{} {:.3} {}", mt.name, v * mt.scale, mt.unit)
+            }),
+            _ => String::new(),
+        };
+        progress(
+            k + 1,
+            schedule.len(),
+            &format!(
+                "{} | {} | repeat {} | {fig}",
+                rec.cell_id,
+                rec.implementation,
+                r.repeat + 1
+            ),
+        );
+        writeln!(results, "{}", serde_json::to_string(&rec)?)?;
+        records.push(rec);
+    }
+    let order: Vec<String> = m
+        .implementations
+        .iter()
+        .map(|i| i.name().to_string())
+        .collect();
+    let md = summary::markdown(&records, m.baseline.name(), &order);
+    std::fs::write(out.join("summary.md"), &md)?;
+    println!("{md}");
+    println!("results: {}", out.join("results.jsonl").display());
+    Ok(())
+}
+
+fn write_report(dir: &Path, history: &[PathBuf]) -> Result<()> {
+    let mut dirs = history.to_vec();
+    dirs.push(dir.to_path_buf());
+    let sets = report::load_sets(&dirs)?;
+    let newest = sets.values().next_back().expect("non-empty");
+    let baseline = newest
+        .first()
+        .map(|r| r.baseline.clone())
+        .unwrap_or_default();
+    let html = report::html(&sets, &baseline);
+    std::fs::write(dir.join("report.html"), html)?;
+    let md = summary::markdown(newest, &baseline, &report::impl_order(newest));
+    std::fs::write(dir.join("summary.md"), &md)?;
+    println!("{md}");
+    println!("report: {}", dir.join("report.html").display());
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    install_signal_handlers();
+    let r = match &cli.cmd {
+        Cmd::Run {
+            matrix,
+            out,
+            duration,
+            repeats,
+            only,
+        } => run_matrix(matrix, out.clone(), *duration, *repeats, only),
+        Cmd::Report { dir, history } => write_report(dir, history),
+    };
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("wirelane-lab: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

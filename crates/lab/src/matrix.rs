@@ -1,0 +1,394 @@
+//! The test matrix: implementations × workloads × directions × streams × impairments ×
+//! repeats, read from TOML, expanded into cells, and ordered so that implementations
+//! alternate (A B A B …) and slow drift hits them all alike.
+
+use crate::impls::Impl;
+use crate::relay::Impairment;
+use crate::topology::Topology;
+use crate::workload::rr::Proto;
+use crate::Result;
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MatrixFile {
+    pub name: String,
+    pub implementations: Vec<String>,
+    pub baseline: String,
+    #[serde(default = "default_repeats")]
+    pub repeats: usize,
+    #[serde(default = "default_duration")]
+    pub duration_s: f64,
+    #[serde(rename = "workload")]
+    pub workloads: Vec<WorkloadSpec>,
+}
+
+fn default_repeats() -> usize {
+    3
+}
+fn default_duration() -> f64 {
+    5.0
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Direction {
+    #[serde(rename = "a-b")]
+    AToB,
+    #[serde(rename = "b-a")]
+    BToA,
+    #[serde(rename = "both")]
+    Both,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Load {
+    Idle,
+    Bulk,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
+pub enum WorkloadSpec {
+    Tcp {
+        #[serde(default = "one")]
+        streams: Vec<usize>,
+        #[serde(default = "a_to_b")]
+        direction: Vec<Direction>,
+        #[serde(default)]
+        impairment: Option<Impairment>,
+    },
+    Udp {
+        #[serde(default = "default_size")]
+        size: usize,
+        /// Packets per second; absent means unlimited.
+        #[serde(default)]
+        pps: Option<u64>,
+        #[serde(default = "a_to_b")]
+        direction: Vec<Direction>,
+        #[serde(default)]
+        impairment: Option<Impairment>,
+    },
+    Rr {
+        #[serde(default = "tcp_proto")]
+        proto: Vec<Proto>,
+        #[serde(default = "idle")]
+        load: Vec<Load>,
+        #[serde(default)]
+        impairment: Option<Impairment>,
+    },
+}
+
+fn one() -> Vec<usize> {
+    vec![1]
+}
+fn a_to_b() -> Vec<Direction> {
+    vec![Direction::AToB]
+}
+fn default_size() -> usize {
+    1380
+}
+fn tcp_proto() -> Vec<Proto> {
+    vec![Proto::Tcp]
+}
+fn idle() -> Vec<Load> {
+    vec![Load::Idle]
+}
+
+/// One concrete workload configuration (a row of the results table).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum Cell {
+    Tcp {
+        streams: usize,
+        direction: Direction,
+        impairment: Impairment,
+    },
+    Udp {
+        size: usize,
+        pps: Option<u64>,
+        direction: Direction,
+        impairment: Impairment,
+    },
+    Rr {
+        proto: Proto,
+        load: Load,
+        impairment: Impairment,
+    },
+}
+
+impl Cell {
+    pub fn impairment(&self) -> Impairment {
+        match self {
+            Cell::Tcp { impairment, .. }
+            | Cell::Udp { impairment, .. }
+            | Cell::Rr { impairment, .. } => *impairment,
+        }
+    }
+
+    pub fn topology(&self) -> Topology {
+        if self.impairment().is_none() {
+            Topology::Pair
+        } else {
+            Topology::PairRouter
+        }
+    }
+
+    /// Stable, readable identifier used to group repeats and compare result sets.
+    pub fn id(&self) -> String {
+        let imp = self.impairment();
+        let imp = if imp.is_none() {
+            String::new()
+        } else {
+            let mut parts = Vec::new();
+            for (n, v) in [
+                ("loss", imp.loss),
+                ("reorder", imp.reorder),
+                ("dup", imp.duplicate),
+                ("corrupt", imp.corrupt),
+            ] {
+                if v > 0.0 {
+                    parts.push(format!("{n}{v}%"));
+                }
+            }
+            if imp.delay_ms > 0.0 {
+                parts.push(format!("delay{}±{}ms", imp.delay_ms, imp.jitter_ms));
+            }
+            format!(" [{}]", parts.join(","))
+        };
+        let dir = |d: &Direction| match d {
+            Direction::AToB => "a→b",
+            Direction::BToA => "b→a",
+            Direction::Both => "a⇄b",
+        };
+        match self {
+            Cell::Tcp {
+                streams, direction, ..
+            } => format!("tcp {streams}x {}{imp}", dir(direction)),
+            Cell::Udp {
+                size,
+                pps,
+                direction,
+                ..
+            } => {
+                let rate = pps.map_or("unlimited".to_string(), |p| format!("{p}pps"));
+                format!("udp {size}B {rate} {}{imp}", dir(direction))
+            }
+            Cell::Rr { proto, load, .. } => format!(
+                "rr {} {}{imp}",
+                if *proto == Proto::Tcp { "tcp" } else { "udp" },
+                if *load == Load::Idle {
+                    "idle"
+                } else {
+                    "under bulk"
+                }
+            ),
+        }
+    }
+}
+
+pub struct Matrix {
+    pub name: String,
+    pub implementations: Vec<Impl>,
+    pub baseline: Impl,
+    pub repeats: usize,
+    pub duration: std::time::Duration,
+    pub cells: Vec<Cell>,
+}
+
+/// One run in execution order.
+#[derive(Debug, Clone)]
+pub struct Run {
+    pub cell: usize,
+    pub implementation: Impl,
+    pub repeat: usize,
+}
+
+impl Matrix {
+    pub fn parse(text: &str) -> Result<Matrix> {
+        let f: MatrixFile = toml::from_str(text).map_err(|e| format!("matrix: {e}"))?;
+        let implementations = f
+            .implementations
+            .iter()
+            .map(|s| s.parse::<Impl>())
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        if implementations.is_empty() {
+            return Err("matrix: implementations is empty".into());
+        }
+        let baseline: Impl = f.baseline.parse()?;
+        if !implementations.contains(&baseline) {
+            return Err(format!(
+                "matrix: baseline '{}' is not among the implementations",
+                f.baseline
+            )
+            .into());
+        }
+        if f.repeats == 0 || f.repeats > 100 {
+            return Err("matrix: repeats must be 1..=100".into());
+        }
+        if !(0.5..=600.0).contains(&f.duration_s) {
+            return Err("matrix: duration_s must be 0.5..=600".into());
+        }
+        let mut cells = Vec::new();
+        for w in &f.workloads {
+            match w {
+                WorkloadSpec::Tcp {
+                    streams,
+                    direction,
+                    impairment,
+                } => {
+                    let imp = impairment.unwrap_or_default();
+                    imp.validate()?;
+                    for &s in streams {
+                        if !(1..=64).contains(&s) {
+                            return Err(format!("matrix: tcp streams {s} must be 1..=64").into());
+                        }
+                        for &d in direction {
+                            cells.push(Cell::Tcp {
+                                streams: s,
+                                direction: d,
+                                impairment: imp,
+                            });
+                        }
+                    }
+                }
+                WorkloadSpec::Udp {
+                    size,
+                    pps,
+                    direction,
+                    impairment,
+                } => {
+                    let imp = impairment.unwrap_or_default();
+                    imp.validate()?;
+                    if !(16..=65000).contains(size) {
+                        return Err(format!("matrix: udp size {size} must be 16..=65000").into());
+                    }
+                    for &d in direction {
+                        cells.push(Cell::Udp {
+                            size: *size,
+                            pps: *pps,
+                            direction: d,
+                            impairment: imp,
+                        });
+                    }
+                }
+                WorkloadSpec::Rr {
+                    proto,
+                    load,
+                    impairment,
+                } => {
+                    let imp = impairment.unwrap_or_default();
+                    imp.validate()?;
+                    for &p in proto {
+                        for &l in load {
+                            cells.push(Cell::Rr {
+                                proto: p,
+                                load: l,
+                                impairment: imp,
+                            });
+                        }
+                    }
+                }
+            }
+        }
+        if cells.is_empty() {
+            return Err("matrix: no workloads".into());
+        }
+        Ok(Matrix {
+            name: f.name,
+            implementations,
+            baseline,
+            repeats: f.repeats,
+            duration: std::time::Duration::from_secs_f64(f.duration_s),
+            cells,
+        })
+    }
+
+    /// Execution order: repeat-major, then cell, then implementation, so that every
+    /// cell's implementations run back to back and each repeat revisits them all.
+    pub fn schedule(&self) -> Vec<Run> {
+        let mut v = Vec::new();
+        for repeat in 0..self.repeats {
+            for cell in 0..self.cells.len() {
+                // Rotate the order each repeat so no implementation always goes first.
+                let n = self.implementations.len();
+                for k in 0..n {
+                    v.push(Run {
+                        cell,
+                        implementation: self.implementations[(k + repeat) % n],
+                        repeat,
+                    });
+                }
+            }
+        }
+        v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const M: &str = r#"
+name = "t"
+implementations = ["none", "wireguard-go"]
+baseline = "wireguard-go"
+repeats = 2
+duration_s = 2
+[[workload]]
+kind = "tcp"
+streams = [1, 4]
+direction = ["a-b", "b-a"]
+[[workload]]
+kind = "udp"
+[[workload]]
+kind = "rr"
+load = ["idle", "bulk"]
+[[workload]]
+kind = "tcp"
+impairment = { loss = 1.5, delay_ms = 5, jitter_ms = 1 }
+"#;
+
+    #[test]
+    fn expands_and_interleaves() {
+        let m = Matrix::parse(M).unwrap();
+        assert_eq!(m.cells.len(), 4 + 1 + 2 + 1);
+        let s = m.schedule();
+        assert_eq!(s.len(), 8 * 2 * 2);
+        assert_eq!(s[0].implementation, Impl::None);
+        assert_eq!(s[1].implementation, Impl::WireguardGo);
+        // Second repeat starts with the other implementation.
+        assert_eq!(s[16].implementation, Impl::WireguardGo);
+        assert_eq!(m.cells[7].topology(), Topology::PairRouter);
+        assert_eq!(m.cells[7].id(), "tcp 1x a→b [loss1.5%,delay5±1ms]");
+        assert_eq!(m.cells[4].id(), "udp 1380B unlimited a→b");
+    }
+
+    #[test]
+    fn rejects_bad_matrices() {
+        for (bad, needle) in [
+            (
+                M.replace("\"none\", ", "\"nonsense\", "),
+                "unknown implementation",
+            ),
+            (
+                M.replace("baseline = \"wireguard-go\"", "baseline = \"boringtun\""),
+                "baseline",
+            ),
+            (M.replace("repeats = 2", "repeats = 0"), "repeats"),
+            (M.replace("streams = [1, 4]", "streams = [0]"), "streams"),
+            (M.replace("loss = 1.5", "loss = 150"), "percentage"),
+            (
+                M.replace("kind = \"udp\"", "kind = \"sctp\""),
+                "unknown variant",
+            ),
+            (
+                M.replace("duration_s = 2", "duration_s = 2\ncolour = 1"),
+                "unknown field",
+            ),
+        ] {
+            let e = Matrix::parse(&bad).err().expect(needle).to_string();
+            assert!(e.contains(needle), "{needle}: {e}");
+        }
+    }
+}

@@ -1,0 +1,354 @@
+//! `lab report`: a self-contained HTML page with SVG charts (throughput with min–max
+//! bars, latency percentiles, stacked per-core CPU), a history table across result
+//! sets with the % change per cell, and the Markdown summary.
+
+use crate::record::RunRecord;
+use crate::stats::pct_change;
+use crate::summary::{self, group, metrics_for, summary_of, Metric};
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+const COLORS: [&str; 6] = [
+    "#3b6fb6", "#d9822b", "#4f9d69", "#a04ca0", "#888888", "#c44e52",
+];
+
+fn esc(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+/// Horizontal bars (median) with min–max whiskers, one per implementation.
+fn bar_chart(title: &str, unit: &str, rows: &[(String, f64, f64, f64)]) -> String {
+    let (w, row_h, left) = (640.0, 26.0, 130.0);
+    let h = 40.0 + row_h * rows.len() as f64;
+    let max = rows.iter().map(|r| r.3).fold(0.0f64, f64::max).max(1e-9) * 1.1;
+    let x = |v: f64| left + (w - left - 20.0) * v / max;
+    let mut s = format!(
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" role="img"><title>{}</title>"#,
+        esc(title)
+    );
+    let _ = write!(
+        s,
+        r#"<text x="4" y="16" font-size="13" font-weight="bold">{} ({})</text>"#,
+        esc(title),
+        esc(unit)
+    );
+    for (i, (name, med, lo, hi)) in rows.iter().enumerate() {
+        let y = 28.0 + row_h * i as f64;
+        let c = COLORS[i % COLORS.len()];
+        let _ = write!(
+            s,
+            r#"<text x="4" y="{ty}" font-size="12">{n}</text><rect x="{left}" y="{y}" width="{bw:.1}" height="16" fill="{c}"/><line x1="{l:.1}" x2="{r:.1}" y1="{my}" y2="{my}" stroke="black"/><line x1="{l:.1}" x2="{l:.1}" y1="{y1}" y2="{y2}" stroke="black"/><line x1="{r:.1}" x2="{r:.1}" y1="{y1}" y2="{y2}" stroke="black"/><text x="{tx:.1}" y="{ty}" font-size="11">{v}</text>"#,
+            ty = y + 12.0,
+            n = esc(name),
+            bw = (x(*med) - left).max(0.5),
+            l = x(*lo),
+            r = x(*hi),
+            my = y + 8.0,
+            y1 = y + 3.0,
+            y2 = y + 13.0,
+            tx = x(*hi) + 4.0,
+            v = format_args!("{med:.3}"),
+        );
+    }
+    s.push_str("</svg>");
+    s
+}
+
+/// Grouped bars of latency percentiles per implementation.
+fn latency_chart(title: &str, rows: &[(String, [f64; 4])]) -> String {
+    let (w, h, left, bottom) = (640.0, 220.0, 50.0, 180.0);
+    let max = rows
+        .iter()
+        .flat_map(|r| r.1)
+        .fold(0.0f64, f64::max)
+        .max(1e-9)
+        * 1.1;
+    let group_w = (w - left - 10.0) / 4.0;
+    let bar_w = (group_w - 10.0) / rows.len().max(1) as f64;
+    let mut s = format!(
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" role="img"><title>{}</title>"#,
+        esc(title)
+    );
+    let _ = write!(
+        s,
+        r#"<text x="4" y="14" font-size="13" font-weight="bold">{} (µs)</text>"#,
+        esc(title)
+    );
+    for (p, label) in ["p50", "p90", "p99", "p99.9"].iter().enumerate() {
+        let gx = left + group_w * p as f64;
+        let _ = write!(
+            s,
+            r#"<text x="{:.1}" y="{}" font-size="12">{label}</text>"#,
+            gx + group_w / 2.0 - 12.0,
+            bottom + 16.0
+        );
+        for (i, (_, v)) in rows.iter().enumerate() {
+            let bh = (bottom - 24.0) * v[p] / max;
+            let _ = write!(
+                s,
+                r#"<rect x="{:.1}" y="{:.1}" width="{:.1}" height="{:.1}" fill="{}"><title>{:.1} µs</title></rect>"#,
+                gx + 5.0 + bar_w * i as f64,
+                bottom - bh,
+                bar_w - 2.0,
+                bh,
+                COLORS[i % COLORS.len()],
+                v[p]
+            );
+        }
+    }
+    let _ = write!(
+        s,
+        r#"<line x1="{left}" x2="{w}" y1="{bottom}" y2="{bottom}" stroke="black"/>"#
+    );
+    for (i, (name, _)) in rows.iter().enumerate() {
+        let _ = write!(
+            s,
+            r#"<rect x="{:.1}" y="200" width="10" height="10" fill="{}"/><text x="{:.1}" y="209" font-size="11">{}</text>"#,
+            left + 120.0 * i as f64,
+            COLORS[i % COLORS.len()],
+            left + 14.0 + 120.0 * i as f64,
+            esc(name)
+        );
+    }
+    s.push_str("</svg>");
+    s
+}
+
+/// Stacked per-core CPU split for one run of each implementation.
+fn cpu_chart(title: &str, rows: &[(String, Vec<crate::cpu::CoreSplit>)]) -> String {
+    let parts = [
+        ("user", "#3b6fb6"),
+        ("sys", "#d9822b"),
+        ("softirq", "#c44e52"),
+        ("irq", "#a04ca0"),
+        ("idle", "#dddddd"),
+    ];
+    let (w, row_h, left) = (640.0, 18.0, 170.0);
+    let lines: usize = rows.iter().map(|r| r.1.len()).sum();
+    let h = 50.0 + row_h * lines as f64;
+    let mut s = format!(
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" role="img"><title>{}</title>"#,
+        esc(title)
+    );
+    let _ = write!(
+        s,
+        r#"<text x="4" y="14" font-size="13" font-weight="bold">{}</text>"#,
+        esc(title)
+    );
+    let mut y = 24.0;
+    for (name, cores) in rows {
+        for (ci, c) in cores.iter().enumerate() {
+            let _ = write!(
+                s,
+                r#"<text x="4" y="{:.1}" font-size="11">{} cpu{ci}</text>"#,
+                y + 11.0,
+                esc(name)
+            );
+            let mut x = left;
+            for (k, (label, color)) in parts.iter().enumerate() {
+                let v = [c.user, c.sys, c.softirq, c.irq, c.idle][k];
+                let bw = (w - left - 10.0) * v;
+                let _ = write!(
+                    s,
+                    r#"<rect x="{x:.1}" y="{y:.1}" width="{bw:.1}" height="14" fill="{color}"><title>{label} {:.0}%</title></rect>"#,
+                    v * 100.0
+                );
+                x += bw;
+            }
+            y += row_h;
+        }
+    }
+    for (k, (label, color)) in parts.iter().enumerate() {
+        let _ = write!(
+            s,
+            r#"<rect x="{:.1}" y="{:.1}" width="10" height="10" fill="{color}"/><text x="{:.1}" y="{:.1}" font-size="11">{label}</text>"#,
+            left + 80.0 * k as f64,
+            y + 6.0,
+            left + 14.0 + 80.0 * k as f64,
+            y + 15.0
+        );
+    }
+    s.push_str("</svg>");
+    s
+}
+
+/// Orders implementations: as first seen in the records.
+pub fn impl_order(records: &[RunRecord]) -> Vec<String> {
+    let mut v: Vec<String> = Vec::new();
+    for r in records {
+        if !v.contains(&r.implementation) {
+            v.push(r.implementation.clone());
+        }
+    }
+    v
+}
+
+/// History: for each cell, implementation and headline metric, the median per result
+/// set (oldest first) and the % change from the previous set.
+pub fn history_table(sets: &BTreeMap<String, Vec<RunRecord>>) -> String {
+    let names: Vec<&String> = sets.keys().collect();
+    let mut rows: BTreeMap<(String, String, &'static str), Vec<Option<f64>>> = BTreeMap::new();
+    let mut units: BTreeMap<&'static str, (&'static str, f64, bool)> = BTreeMap::new();
+    for (i, recs) in sets.values().enumerate() {
+        let g = group(recs);
+        for (cell, impls) in &g.by_cell {
+            for (name, runs) in impls {
+                for m in metrics_for(runs[0]) {
+                    units.insert(m.name, (m.unit, m.scale, m.higher_is_better));
+                    let row = rows
+                        .entry((cell.clone(), name.clone(), m.name))
+                        .or_insert_with(|| vec![None; names.len()]);
+                    row[i] = summary_of(runs, m.extract).map(|s| s.median * m.scale);
+                }
+            }
+        }
+    }
+    let mut out = String::from("<table><tr><th>cell</th><th>implementation</th><th>figure</th>");
+    for n in &names {
+        let _ = write!(out, "<th>{}</th>", esc(n));
+    }
+    out.push_str("</tr>");
+    for ((cell, name, metric), vals) in &rows {
+        let (unit, _, higher) = units[metric];
+        let _ = write!(
+            out,
+            "<tr><td>{}</td><td>{}</td><td>{metric} {unit}</td>",
+            esc(cell),
+            esc(name)
+        );
+        let mut prev: Option<f64> = None;
+        for v in vals {
+            match v {
+                Some(v) => {
+                    let change = prev.and_then(|p| pct_change(p, *v));
+                    let cls = match change {
+                        Some(c) if c.abs() >= 5.0 && ((c > 0.0) == higher) => "better",
+                        Some(c) if c.abs() >= 5.0 => "worse",
+                        _ => "",
+                    };
+                    let ch =
+                        change.map_or(String::new(), |c| format!(" <small>({c:+.1}%)</small>"));
+                    let _ = write!(out, r#"<td class="{cls}">{v:.3}{ch}</td>"#);
+                    prev = Some(*v);
+                }
+                None => out.push_str("<td>–</td>"),
+            }
+        }
+        out.push_str("</tr>");
+    }
+    out.push_str("</table>");
+    out
+}
+
+/// Builds the whole page for the newest set, with history over all sets.
+pub fn html(sets: &BTreeMap<String, Vec<RunRecord>>, baseline: &str) -> String {
+    let (set, records) = sets.iter().next_back().expect("at least one result set");
+    let order = impl_order(records);
+    let g = group(records);
+    let mut body = String::new();
+    let md = summary::markdown(records, baseline, &order);
+    for cell in &g.cells {
+        let impls = &g.by_cell[cell];
+        let first = impls
+            .values()
+            .next()
+            .and_then(|v| v.first())
+            .expect("non-empty");
+        let _ = write!(body, "<h2>{}</h2><div class=\"charts\">", esc(cell));
+        if matches!(first.cell, crate::matrix::Cell::Rr { .. }) {
+            let rows: Vec<(String, [f64; 4])> = order
+                .iter()
+                .filter_map(|n| {
+                    let runs = impls.get(n)?;
+                    let q =
+                        |f: fn(&RunRecord) -> Option<f64>| summary_of(runs, f).map(|s| s.median);
+                    Some((
+                        n.clone(),
+                        [
+                            q(|r| r.latency.map(|l| l.p50_us))?,
+                            q(|r| r.latency.map(|l| l.p90_us))?,
+                            q(|r| r.latency.map(|l| l.p99_us))?,
+                            q(|r| r.latency.map(|l| l.p999_us))?,
+                        ],
+                    ))
+                })
+                .collect();
+            body.push_str(&latency_chart(
+                &format!("{cell}: latency percentiles"),
+                &rows,
+            ));
+        } else {
+            let m: Metric = metrics_for(first)[0];
+            let rows: Vec<_> = order
+                .iter()
+                .filter_map(|n| {
+                    let s = summary_of(impls.get(n)?, m.extract)?;
+                    Some((
+                        n.clone(),
+                        s.median * m.scale,
+                        s.min * m.scale,
+                        s.max * m.scale,
+                    ))
+                })
+                .collect();
+            body.push_str(&bar_chart(&format!("{cell}: {}", m.name), m.unit, &rows));
+        }
+        let cpu_rows: Vec<_> = order
+            .iter()
+            .filter_map(|n| {
+                let r = impls.get(n)?.iter().find(|r| r.error.is_none())?;
+                Some((n.clone(), r.cpu.cores.clone()))
+            })
+            .collect();
+        body.push_str(&cpu_chart(
+            &format!("{cell}: per-core CPU (first repeat)"),
+            &cpu_rows,
+        ));
+        body.push_str("</div>");
+    }
+    let env = records.first().map(|r| &r.env);
+    format!(
+        r#"<!doctype html><html><head><meta charset="utf-8"><title>wirelane lab: {title}</title>
+<style>body{{font-family:sans-serif;margin:2em;max-width:1400px}}table{{border-collapse:collapse;font-size:13px}}
+td,th{{border:1px solid #ccc;padding:3px 6px;text-align:left}}.better{{background:#dff3e0}}.worse{{background:#f8dcdc}}
+.charts{{display:flex;flex-wrap:wrap;gap:12px}}pre{{background:#f5f5f5;padding:1em;overflow:auto;font-size:12px}}</style></head><body>
+<h1>wirelane lab: {title}</h1><p>Result set <code>{set}</code>; {cores} cores, {cpu}; kernel {kernel}; commit {commit}.
+Bars are medians over repeats with min–max whiskers; ratios are against <b>{baseline}</b>.</p>
+{body}<h2>History</h2>{history}<h2>Markdown summary</h2><pre>{md}</pre></body></html>"#,
+        title = esc(&records.first().map_or(String::new(), |r| r.matrix.clone())),
+        set = esc(set),
+        cores = env.map_or(0, |e| e.cores),
+        cpu = esc(env.map_or("", |e| e.cpu_model.as_str())),
+        kernel = esc(env.map_or("", |e| e.kernel.as_str())),
+        commit = esc(env.map_or("", |e| e.commit.as_str())),
+        baseline = esc(baseline),
+        history = history_table(sets),
+        md = esc(&md),
+    )
+}
+
+/// Reads every `results.jsonl` under the given directories, grouped by result set.
+pub fn load_sets(dirs: &[std::path::PathBuf]) -> crate::Result<BTreeMap<String, Vec<RunRecord>>> {
+    let mut sets: BTreeMap<String, Vec<RunRecord>> = BTreeMap::new();
+    for d in dirs {
+        let path = d.join("results.jsonl");
+        let text =
+            std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        for (i, line) in text
+            .lines()
+            .enumerate()
+            .filter(|(_, l)| !l.trim().is_empty())
+        {
+            let r: RunRecord = serde_json::from_str(line)
+                .map_err(|e| format!("{}:{}: {e}", path.display(), i + 1))?;
+            sets.entry(r.set.clone()).or_default().push(r);
+        }
+    }
+    if sets.is_empty() {
+        return Err("no results found".into());
+    }
+    Ok(sets)
+}

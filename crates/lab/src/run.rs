@@ -1,0 +1,210 @@
+//! Executes one run: builds the testbed, brings the implementation up, warms the
+//! tunnel, measures the workload with CPU, RSS and (where available) cycle counts, and
+//! tears everything down again.
+
+use crate::cpu;
+use crate::impls::{Impl, Tunnel};
+use crate::matrix::{Cell, Direction, Load, Matrix, Run};
+use crate::record::{CpuReport, Env, RunRecord, SCHEMA};
+use crate::topology::Testbed;
+use crate::workload::{rr, tcp, udp};
+use crate::Result;
+use std::time::{Duration, Instant};
+
+pub fn execute(m: &Matrix, run: &Run, env: &Env, set: &str) -> RunRecord {
+    let cell = m.cells[run.cell].clone();
+    let mut rec = RunRecord {
+        schema: SCHEMA,
+        set: set.to_string(),
+        timestamp: crate::record::now_rfc3339(),
+        env: env.clone(),
+        matrix: m.name.clone(),
+        baseline: m.baseline.name().to_string(),
+        cell_id: cell.id(),
+        cell: cell.clone(),
+        implementation: run.implementation.name().to_string(),
+        version: env
+            .versions
+            .get(run.implementation.name())
+            .cloned()
+            .unwrap_or_default(),
+        repeat: run.repeat,
+        seconds: m.duration.as_secs_f64(),
+        error: None,
+        tcp: Vec::new(),
+        udp: None,
+        latency: None,
+        cpu: CpuReport::default(),
+        peak_rss_kib: Vec::new(),
+        cycles_per_byte: None,
+        relay: Vec::new(),
+    };
+    if let Err(e) = measure(run.implementation, &cell, m.duration, &mut rec) {
+        rec.error = Some(e.to_string());
+    }
+    rec
+}
+
+/// Lab process CPU seconds (user + system), including threads that already exited.
+fn self_cpu_s() -> f64 {
+    // SAFETY: rusage is plain data filled by getrusage.
+    let mut r: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut r) };
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    tv(r.ru_utime) + tv(r.ru_stime)
+}
+
+/// Starts `perf stat` for system-wide cycles over `dur`, if perf works here.
+fn start_cycles(dur: Duration) -> Option<std::process::Child> {
+    crate::impls::find_tool("perf")?;
+    std::process::Command::new("perf")
+        .args(["stat", "-a", "-x", ",", "-e", "cycles", "--", "sleep"])
+        .arg(format!("{:.3}", dur.as_secs_f64()))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .ok()
+}
+
+fn finish_cycles(child: Option<std::process::Child>) -> Option<f64> {
+    let out = child?.wait_with_output().ok()?;
+    let text = String::from_utf8_lossy(&out.stderr);
+    text.lines()
+        .find(|l| l.contains("cycles"))?
+        .split(',')
+        .next()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+fn measure(which: Impl, cell: &Cell, dur: Duration, rec: &mut RunRecord) -> Result<()> {
+    if which == Impl::None && !cell.impairment().is_none() {
+        return Err("not applicable: impairments act on a tunnel's outer UDP path".into());
+    }
+    let bed = Testbed::build(cell.topology(), cell.impairment())?;
+    let tun = Tunnel::up(which, &bed)?;
+    let (a, b) = (bed.hosts[0].ns.name.clone(), bed.hosts[1].ns.name.clone());
+    let (addr_a, addr_b) = (tun.addr_a, tun.addr_b);
+
+    // Warm up: complete the handshake before anything is timed.
+    let warm = rr::run(rr::Proto::Udp, &a, &b, addr_b, Duration::from_millis(800))?;
+    if warm.transactions == 0 {
+        return Err("tunnel did not come up (no reply during warm-up)".into());
+    }
+
+    let pids: Vec<u32> = tun.daemons.iter().filter_map(|d| d.pid).collect();
+    let threads_before: Vec<_> = pids.iter().map(|p| cpu::read_threads(*p)).collect();
+    let cores_before = cpu::read_cores();
+    let self_before = self_cpu_s();
+    let relay_before: Vec<_> = bed
+        .relay
+        .iter()
+        .flat_map(|r| [r.a_to_b.snapshot(), r.b_to_a.snapshot()])
+        .collect();
+    let cycles = start_cycles(dur);
+    let started = Instant::now();
+
+    match *cell {
+        Cell::Tcp {
+            streams, direction, ..
+        } => {
+            let run = |src: &str, dst: &str, addr| tcp::bulk(src, dst, addr, streams, dur);
+            rec.tcp = match direction {
+                Direction::AToB => vec![run(&a, &b, addr_b)?],
+                Direction::BToA => vec![run(&b, &a, addr_a)?],
+                Direction::Both => {
+                    let (a2, b2) = (a.clone(), b.clone());
+                    let back =
+                        std::thread::spawn(move || tcp::bulk(&b2, &a2, addr_a, streams, dur));
+                    let fwd = run(&a, &b, addr_b)?;
+                    let rev = back.join().map_err(|_| "reverse stream panicked")??;
+                    vec![fwd, rev]
+                }
+            };
+        }
+        Cell::Udp {
+            size,
+            pps,
+            direction,
+            ..
+        } => {
+            rec.udp = Some(match direction {
+                Direction::BToA => udp::stream(&b, &a, addr_a, size, pps, dur)?,
+                _ => udp::stream(&a, &b, addr_b, size, pps, dur)?,
+            });
+        }
+        Cell::Rr { proto, load, .. } => {
+            let bulk = (load == Load::Bulk).then(|| {
+                let (a2, b2) = (a.clone(), b.clone());
+                std::thread::spawn(move || {
+                    tcp::bulk(&a2, &b2, addr_b, 1, dur + Duration::from_millis(300))
+                })
+            });
+            rec.latency = Some(rr::run(proto, &a, &b, addr_b, dur)?);
+            if let Some(h) = bulk {
+                rec.tcp = vec![h.join().map_err(|_| "background bulk panicked")??];
+            }
+        }
+    }
+
+    let wall = started.elapsed().as_secs_f64();
+    rec.seconds = wall;
+    let cores_after = cpu::read_cores();
+    let self_s = self_cpu_s() - self_before;
+    let tick = cpu::ticks_per_second();
+    let busy_core_s: f64 = cores_before
+        .iter()
+        .zip(&cores_after)
+        .map(|(b, a)| {
+            let busy =
+                |c: &cpu::CoreTicks| c.user + c.nice + c.system + c.irq + c.softirq + c.steal;
+            busy(a).saturating_sub(busy(b)) as f64 / tick
+        })
+        .sum();
+    let mut threads = Vec::new();
+    for (i, pid) in pids.iter().enumerate() {
+        let after = cpu::read_threads(*pid);
+        let side = if i == 0 { "a" } else { "b" };
+        threads.extend(cpu::thread_deltas(
+            &format!("{}:{side}", which.name()),
+            &threads_before[i],
+            &after,
+        ));
+        rec.peak_rss_kib.extend(cpu::peak_rss_kib(*pid));
+    }
+    let daemon_s: f64 = threads.iter().map(|t| t.cpu_s).sum();
+    let thread_s = daemon_s + self_s;
+    rec.cpu = CpuReport {
+        cores: cpu::core_splits(&cores_before, &cores_after),
+        threads,
+        busy_core_s,
+        thread_s,
+        daemon_s,
+        disagree: (busy_core_s - thread_s).abs() > (0.2 * busy_core_s).max(0.05),
+    };
+    let bytes = rec.delivered_bytes();
+    if let Some(c) = finish_cycles(cycles) {
+        if bytes > 0 {
+            rec.cycles_per_byte = Some(c / bytes as f64);
+        }
+    }
+    if let Some(r) = &bed.relay {
+        let after = [r.a_to_b.snapshot(), r.b_to_a.snapshot()];
+        rec.relay = after
+            .iter()
+            .zip(&relay_before)
+            .map(|(a, b)| crate::relay::CounterSnapshot {
+                received: a.received - b.received,
+                forwarded: a.forwarded - b.forwarded,
+                dropped: a.dropped - b.dropped,
+                duplicated: a.duplicated - b.duplicated,
+                reordered: a.reordered - b.reordered,
+                corrupted: a.corrupted - b.corrupted,
+            })
+            .collect();
+    }
+    drop(tun);
+    drop(bed);
+    Ok(())
+}

@@ -1,0 +1,208 @@
+//! Aggregation of run records into per-cell, per-implementation figures: medians of
+//! the repeats with min and max, and ratios against the baseline implementation.
+
+use crate::record::RunRecord;
+use crate::stats::{ratio, summarize, Summary};
+use std::collections::BTreeMap;
+
+/// The headline figure of a cell kind, and whether higher is better.
+#[derive(Debug, Clone, Copy)]
+pub struct Metric {
+    pub name: &'static str,
+    pub unit: &'static str,
+    pub higher_is_better: bool,
+    pub extract: fn(&RunRecord) -> Option<f64>,
+    pub scale: f64,
+}
+
+fn goodput(r: &RunRecord) -> Option<f64> {
+    r.goodput_bps()
+}
+fn udp_pps(r: &RunRecord) -> Option<f64> {
+    r.udp.map(|u| u.delivered_pps)
+}
+fn p50(r: &RunRecord) -> Option<f64> {
+    r.latency.map(|l| l.p50_us)
+}
+fn p99(r: &RunRecord) -> Option<f64> {
+    r.latency.map(|l| l.p99_us)
+}
+pub fn udp_loss(r: &RunRecord) -> Option<f64> {
+    r.udp.map(|u| u.loss_pct)
+}
+pub fn retrans(r: &RunRecord) -> Option<f64> {
+    (!r.tcp.is_empty()).then(|| r.tcp.iter().map(|t| t.retransmits as f64).sum())
+}
+/// Daemon CPU-seconds (both ends, all threads) per GB of payload delivered.
+pub fn cpu_per_gb(r: &RunRecord) -> Option<f64> {
+    let bytes = r.delivered_bytes();
+    (bytes > 0 && r.cpu.daemon_s > 0.0).then(|| r.cpu.daemon_s / (bytes as f64 / 1e9))
+}
+pub fn peak_rss(r: &RunRecord) -> Option<f64> {
+    r.peak_rss_kib.iter().max().map(|k| *k as f64)
+}
+
+pub const GOODPUT: Metric = Metric {
+    name: "goodput",
+    unit: "Gbit/s",
+    higher_is_better: true,
+    extract: goodput,
+    scale: 1e-9,
+};
+pub const UDP_PPS: Metric = Metric {
+    name: "delivered",
+    unit: "kpps",
+    higher_is_better: true,
+    extract: udp_pps,
+    scale: 1e-3,
+};
+pub const P50: Metric = Metric {
+    name: "p50",
+    unit: "µs",
+    higher_is_better: false,
+    extract: p50,
+    scale: 1.0,
+};
+pub const P99: Metric = Metric {
+    name: "p99",
+    unit: "µs",
+    higher_is_better: false,
+    extract: p99,
+    scale: 1.0,
+};
+
+/// The metrics reported for the kind of cell a record belongs to (first is headline).
+pub fn metrics_for(r: &RunRecord) -> &'static [Metric] {
+    match r.cell {
+        crate::matrix::Cell::Tcp { .. } => &[GOODPUT],
+        crate::matrix::Cell::Udp { .. } => &[UDP_PPS],
+        crate::matrix::Cell::Rr { .. } => &[P50, P99],
+    }
+}
+
+/// Records of one result set grouped by cell id, then implementation, in first-seen
+/// order of cells.
+pub struct Grouped<'a> {
+    pub cells: Vec<String>,
+    pub by_cell: BTreeMap<String, BTreeMap<String, Vec<&'a RunRecord>>>,
+}
+
+pub fn group(records: &[RunRecord]) -> Grouped<'_> {
+    let mut cells = Vec::new();
+    let mut by_cell: BTreeMap<String, BTreeMap<String, Vec<&RunRecord>>> = BTreeMap::new();
+    for r in records {
+        if !by_cell.contains_key(&r.cell_id) {
+            cells.push(r.cell_id.clone());
+        }
+        by_cell
+            .entry(r.cell_id.clone())
+            .or_default()
+            .entry(r.implementation.clone())
+            .or_default()
+            .push(r);
+    }
+    Grouped { cells, by_cell }
+}
+
+pub fn summary_of(runs: &[&RunRecord], f: fn(&RunRecord) -> Option<f64>) -> Option<Summary> {
+    let xs: Vec<f64> = runs
+        .iter()
+        .filter(|r| r.error.is_none())
+        .filter_map(|r| f(r))
+        .collect();
+    summarize(&xs)
+}
+
+fn fmt_num(x: f64) -> String {
+    if x >= 100.0 {
+        format!("{x:.0}")
+    } else if x >= 10.0 {
+        format!("{x:.1}")
+    } else {
+        format!("{x:.2}")
+    }
+}
+
+/// The Markdown summary: one table per result set, ready to paste into notes.
+pub fn markdown(records: &[RunRecord], baseline: &str, impl_order: &[String]) -> String {
+    let g = group(records);
+    let mut out = String::new();
+    if let Some(r) = records.first() {
+        out.push_str(&format!(
+            "Matrix `{}`, set `{}`: {} cores ({}), kernel {}, commit {}. Medians of {} repeat(s), (min–max); ratio against {baseline}.\n\n",
+            r.matrix,
+            r.set,
+            r.env.cores,
+            r.env.cpu_model,
+            r.env.kernel,
+            r.env.commit,
+            records.iter().map(|r| r.repeat + 1).max().unwrap_or(0)
+        ));
+        let versions: Vec<String> = r
+            .env
+            .versions
+            .iter()
+            .map(|(k, v)| format!("{k} {v}"))
+            .collect();
+        out.push_str(&format!("Versions: {}.\n\n", versions.join("; ")));
+    }
+    out.push_str("| cell | implementation | figure | median (min–max) | vs baseline | retrans / loss | daemon CPU-s per GB | peak RSS MiB |\n");
+    out.push_str("|---|---|---|---|---|---|---|---|\n");
+    for cell in &g.cells {
+        let impls = &g.by_cell[cell];
+        let first = impls
+            .values()
+            .next()
+            .and_then(|v| v.first())
+            .expect("non-empty group");
+        for m in metrics_for(first) {
+            let base = impls
+                .get(baseline)
+                .and_then(|v| summary_of(v, m.extract))
+                .map(|s| s.median);
+            for name in impl_order {
+                let Some(runs) = impls.get(name) else {
+                    continue;
+                };
+                let errors: Vec<&str> = runs.iter().filter_map(|r| r.error.as_deref()).collect();
+                let Some(s) = summary_of(runs, m.extract) else {
+                    out.push_str(&format!(
+                        "| {cell} | {name} | {} | failed: {} | | | | |\n",
+                        m.name,
+                        errors.first().unwrap_or(&"no data")
+                    ));
+                    continue;
+                };
+                let rat = ratio(s.median, base).map_or("–".into(), |x| format!("{x:.2}×"));
+                let extra = match first.cell {
+                    crate::matrix::Cell::Udp { .. } => {
+                        summary_of(runs, udp_loss).map(|s| format!("{:.2}% loss", s.median))
+                    }
+                    _ => summary_of(runs, retrans).map(|s| format!("{:.0} retr", s.median)),
+                }
+                .unwrap_or_default();
+                let cpu = summary_of(runs, cpu_per_gb).map_or(String::new(), |s| fmt_num(s.median));
+                let rss = summary_of(runs, peak_rss)
+                    .map_or(String::new(), |s| format!("{:.1}", s.median / 1024.0));
+                out.push_str(&format!(
+                    "| {cell} | {name} | {} {} | {} ({}–{}){} | {rat} | {extra} | {cpu} | {rss} |\n",
+                    m.name,
+                    m.unit,
+                    fmt_num(s.median * m.scale),
+                    fmt_num(s.min * m.scale),
+                    fmt_num(s.max * m.scale),
+                    if errors.is_empty() { String::new() } else { format!(", {} failed", errors.len()) },
+                ));
+            }
+        }
+    }
+    let disagree = records.iter().filter(|r| r.cpu.disagree).count();
+    if disagree > 0 {
+        out.push_str(&format!(
+            "\n{disagree} of {} runs show /proc/stat busy time and per-thread run time more than 20% apart: \
+             kernel work outside any thread (softirq, or time accounted as idle) is significant there.\n",
+            records.len()
+        ));
+    }
+    out
+}

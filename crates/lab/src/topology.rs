@@ -1,0 +1,175 @@
+//! Testbeds: hosts in namespaces, joined by veth, optionally through a router namespace
+//! that carries the impairment relay. A testbed lists its hosts and the tunnels to
+//! build between them, so star:N (one gateway, N peers) and multi:T (T tunnels between
+//! two hosts) fit the same shape.
+
+use crate::netns::{unique, Netns};
+use crate::relay::{Impairment, Relay};
+use crate::Result;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Topology {
+    /// Two hosts, one veth, one tunnel.
+    Pair,
+    /// Two hosts behind a router namespace running the impairment relay.
+    PairRouter,
+}
+
+impl std::str::FromStr for Topology {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "pair" => Ok(Topology::Pair),
+            "pair-router" => Ok(Topology::PairRouter),
+            _ if s.starts_with("star:") || s.starts_with("multi:") => Err(format!(
+                "topology '{s}' is not available yet (planned: star:N, multi:T)"
+            )),
+            _ => Err(format!(
+                "unknown topology '{s}' (available: pair, pair-router)"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for Topology {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Topology::Pair => "pair",
+            Topology::PairRouter => "pair-router",
+        })
+    }
+}
+
+/// One tunnel end: a host, its outer address and the UDP port its tunnel listens on.
+pub struct Host {
+    pub ns: Netns,
+    pub underlay: IpAddr,
+    pub port: u16,
+}
+
+/// A tunnel to build: indices into `hosts`, and the outer endpoint each side should
+/// send to (the other host, or the relay in between).
+pub struct Link {
+    pub a: usize,
+    pub b: usize,
+    pub a_sends_to: SocketAddr,
+    pub b_sends_to: SocketAddr,
+}
+
+pub struct Testbed {
+    // Drop order: the relay thread stops before its namespace disappears.
+    pub relay: Option<Relay>,
+    pub hosts: Vec<Host>,
+    pub links: Vec<Link>,
+    pub router: Option<Netns>,
+}
+
+fn v4(a: u8, b: u8, c: u8, d: u8) -> IpAddr {
+    IpAddr::V4(Ipv4Addr::new(a, b, c, d))
+}
+
+const PORT_A: u16 = 51820;
+const PORT_B: u16 = 51821;
+const RELAY_A: u16 = 40000;
+const RELAY_B: u16 = 40001;
+
+fn veth(a: &Netns, a_addr: &str, b: &Netns, b_addr: &str) -> Result<()> {
+    let (va, vb) = (unique("lv"), unique("lv"));
+    crate::netns::sh(&format!(
+        "ip link add {va} netns {} type veth peer name {vb} netns {}",
+        a.name, b.name
+    ))?;
+    a.run(&format!(
+        "ip addr add {a_addr} dev {va} && ip link set {va} up"
+    ))?;
+    b.run(&format!(
+        "ip addr add {b_addr} dev {vb} && ip link set {vb} up"
+    ))?;
+    Ok(())
+}
+
+impl Testbed {
+    pub fn build(topology: Topology, impairment: Impairment) -> Result<Testbed> {
+        let a = Netns::new("lab")?;
+        let b = Netns::new("lab")?;
+        match topology {
+            Topology::Pair => {
+                if !impairment.is_none() {
+                    return Err(
+                        "impairments need the pair-router topology (the relay runs in the router)"
+                            .into(),
+                    );
+                }
+                veth(&a, "192.168.81.1/24", &b, "192.168.81.2/24")?;
+                let (ua, ub) = (v4(192, 168, 81, 1), v4(192, 168, 81, 2));
+                Ok(Testbed {
+                    relay: None,
+                    links: vec![Link {
+                        a: 0,
+                        b: 1,
+                        a_sends_to: SocketAddr::new(ub, PORT_B),
+                        b_sends_to: SocketAddr::new(ua, PORT_A),
+                    }],
+                    hosts: vec![
+                        Host {
+                            ns: a,
+                            underlay: ua,
+                            port: PORT_A,
+                        },
+                        Host {
+                            ns: b,
+                            underlay: ub,
+                            port: PORT_B,
+                        },
+                    ],
+                    router: None,
+                })
+            }
+            Topology::PairRouter => {
+                let r = Netns::new("labr")?;
+                veth(&a, "192.168.81.1/24", &r, "192.168.81.254/24")?;
+                veth(&b, "192.168.82.1/24", &r, "192.168.82.254/24")?;
+                a.run("ip route add 192.168.82.0/24 via 192.168.81.254")?;
+                b.run("ip route add 192.168.81.0/24 via 192.168.82.254")?;
+                r.run("sysctl -qw net.ipv4.ip_forward=1")?;
+                let (ua, ub) = (v4(192, 168, 81, 1), v4(192, 168, 82, 1));
+                let (ra, rb) = (
+                    SocketAddr::new(v4(192, 168, 81, 254), RELAY_A),
+                    SocketAddr::new(v4(192, 168, 82, 254), RELAY_B),
+                );
+                let relay = Relay::start(
+                    &r.name,
+                    ra,
+                    rb,
+                    SocketAddr::new(ua, PORT_A),
+                    SocketAddr::new(ub, PORT_B),
+                    impairment,
+                )?;
+                Ok(Testbed {
+                    relay: Some(relay),
+                    links: vec![Link {
+                        a: 0,
+                        b: 1,
+                        a_sends_to: ra,
+                        b_sends_to: rb,
+                    }],
+                    hosts: vec![
+                        Host {
+                            ns: a,
+                            underlay: ua,
+                            port: PORT_A,
+                        },
+                        Host {
+                            ns: b,
+                            underlay: ub,
+                            port: PORT_B,
+                        },
+                    ],
+                    router: Some(r),
+                })
+            }
+        }
+    }
+}

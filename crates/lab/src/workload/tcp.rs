@@ -1,0 +1,126 @@
+//! TCP bulk transfer: N streams from a sender namespace to a receiver namespace for a
+//! fixed duration. Goodput is what the receivers read; retransmissions come from the
+//! senders' TCP_INFO.
+
+use super::{in_ns, join, port_from};
+use crate::Result;
+use std::io::{Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
+use std::time::{Duration, Instant};
+
+#[derive(Debug, Clone, Copy, Default, serde::Serialize, serde::Deserialize, PartialEq)]
+pub struct TcpResult {
+    pub bytes: u64,
+    pub seconds: f64,
+    pub goodput_bps: f64,
+    pub retransmits: u64,
+}
+
+fn total_retrans(s: &TcpStream) -> u64 {
+    // SAFETY: tcp_info is plain data; getsockopt writes at most `len` bytes into it.
+    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+    let r = unsafe {
+        libc::getsockopt(
+            s.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            &mut info as *mut _ as *mut _,
+            &mut len,
+        )
+    };
+    if r == 0 {
+        info.tcpi_total_retrans as u64
+    } else {
+        0
+    }
+}
+
+/// Runs `streams` parallel connections from `src` to `dst_addr` (in `dst`) for `dur`.
+pub fn bulk(
+    src: &str,
+    dst: &str,
+    dst_addr: IpAddr,
+    streams: usize,
+    dur: Duration,
+) -> Result<TcpResult> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let deadline = Instant::now() + dur + Duration::from_secs(15);
+    let server = in_ns(dst, move || -> Result<(u64, f64)> {
+        let l = TcpListener::bind(SocketAddr::new(dst_addr, 0))?;
+        tx.send(l.local_addr()?.port())?;
+        let mut readers = Vec::new();
+        for _ in 0..streams {
+            let mut s = super::accept_until(&l, deadline)?;
+            s.set_read_timeout(Some(Duration::from_secs(10)))?;
+            readers.push(std::thread::spawn(
+                move || -> (u64, Option<Instant>, Option<Instant>) {
+                    let mut buf = vec![0u8; 256 * 1024];
+                    let (mut total, mut first, mut last) = (0u64, None, None);
+                    while Instant::now() < deadline {
+                        match s.read(&mut buf) {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => {
+                                let now = Instant::now();
+                                first.get_or_insert(now);
+                                last = Some(now);
+                                total += n as u64;
+                            }
+                        }
+                    }
+                    (total, first, last)
+                },
+            ));
+        }
+        let mut bytes = 0;
+        let (mut first, mut last): (Option<Instant>, Option<Instant>) = (None, None);
+        for r in readers {
+            let (b, f, l) = r.join().map_err(|_| "reader panicked")?;
+            bytes += b;
+            first = match (first, f) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            last = match (last, l) {
+                (Some(a), Some(b)) => Some(a.max(b)),
+                (a, b) => a.or(b),
+            };
+        }
+        let secs = match (first, last) {
+            (Some(f), Some(l)) => (l - f).as_secs_f64().max(1e-3),
+            _ => dur.as_secs_f64(),
+        };
+        Ok((bytes, secs))
+    });
+    let port = port_from(&rx)?;
+    let client = in_ns(src, move || -> Result<u64> {
+        let addr = SocketAddr::new(dst_addr, port);
+        let mut writers = Vec::new();
+        for _ in 0..streams {
+            let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(10))?;
+            s.set_write_timeout(Some(Duration::from_secs(5)))?;
+            writers.push(std::thread::spawn(move || -> u64 {
+                let buf = vec![0x5au8; 128 * 1024];
+                let end = Instant::now() + dur;
+                while Instant::now() < end {
+                    if s.write_all(&buf).is_err() {
+                        break;
+                    }
+                }
+                let r = total_retrans(&s);
+                let _ = s.shutdown(std::net::Shutdown::Write);
+                r
+            }));
+        }
+        Ok(writers.into_iter().map(|w| w.join().unwrap_or(0)).sum())
+    });
+    let retransmits = join(client)?;
+    let (bytes, seconds) = join(server)?;
+    Ok(TcpResult {
+        bytes,
+        seconds,
+        goodput_bps: bytes as f64 * 8.0 / seconds,
+        retransmits,
+    })
+}

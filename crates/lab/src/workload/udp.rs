@@ -1,0 +1,167 @@
+//! UDP stream with sequence numbers: paced (packets per second) or unlimited. The
+//! receiver reports delivered, lost, reordered and duplicated datagrams.
+
+use super::{in_ns, join, port_from};
+use crate::Result;
+use std::net::{IpAddr, SocketAddr, UdpSocket};
+use std::time::{Duration, Instant};
+
+#[derive(Debug, Clone, Copy, Default, serde::Serialize, serde::Deserialize, PartialEq)]
+pub struct UdpResult {
+    pub sent: u64,
+    pub received: u64,
+    pub lost: u64,
+    pub reordered: u64,
+    pub duplicates: u64,
+    pub loss_pct: f64,
+    pub delivered_pps: f64,
+    pub goodput_bps: f64,
+}
+
+/// Receiver-side bookkeeping of sequence numbers.
+#[derive(Default)]
+pub struct SeqTracker {
+    seen: Vec<u64>,
+    highest: Option<u64>,
+    pub unique: u64,
+    pub reordered: u64,
+    pub duplicates: u64,
+}
+
+impl SeqTracker {
+    pub fn record(&mut self, seq: u64) {
+        let (w, b) = ((seq / 64) as usize, seq % 64);
+        if w >= self.seen.len() {
+            if w > 1 << 26 {
+                return; // Absurd sequence number (corruption): ignore, bound memory.
+            }
+            self.seen.resize(w + 1, 0);
+        }
+        if self.seen[w] & (1 << b) != 0 {
+            self.duplicates += 1;
+            return;
+        }
+        self.seen[w] |= 1 << b;
+        self.unique += 1;
+        match self.highest {
+            Some(h) if seq < h => self.reordered += 1,
+            _ => self.highest = Some(seq),
+        }
+    }
+}
+
+/// Sends `size`-byte datagrams for `dur`, at `pps` packets per second or unlimited.
+pub fn stream(
+    src: &str,
+    dst: &str,
+    dst_addr: IpAddr,
+    size: usize,
+    pps: Option<u64>,
+    dur: Duration,
+) -> Result<UdpResult> {
+    let size = size.max(16);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    let server = in_ns(dst, move || -> Result<(SeqTracker, f64)> {
+        let s = UdpSocket::bind(SocketAddr::new(dst_addr, 0))?;
+        s.set_read_timeout(Some(Duration::from_millis(100)))?;
+        tx.send(s.local_addr()?.port())?;
+        let mut t = SeqTracker::default();
+        let mut buf = vec![0u8; 65536];
+        let (mut first, mut last) = (None, None);
+        let hard_end = Instant::now() + dur + Duration::from_secs(15);
+        let mut sender_done_at: Option<Instant> = None;
+        loop {
+            let now = Instant::now();
+            if now > hard_end
+                || sender_done_at.is_some_and(|d| now > d + Duration::from_millis(500))
+            {
+                break;
+            }
+            if sender_done_at.is_none() && done_rx.try_recv().is_ok() {
+                sender_done_at = Some(now);
+            }
+            if let Ok(n) = s.recv(&mut buf) {
+                if n >= 8 {
+                    let now = Instant::now();
+                    first.get_or_insert(now);
+                    last = Some(now);
+                    t.record(u64::from_le_bytes(buf[..8].try_into().expect("8 bytes")));
+                }
+            }
+        }
+        let secs = match (first, last) {
+            (Some(f), Some(l)) if l > f => (l - f).as_secs_f64(),
+            _ => dur.as_secs_f64(),
+        };
+        Ok((t, secs))
+    });
+    let port = port_from(&rx)?;
+    let client = in_ns(src, move || -> Result<u64> {
+        let s = UdpSocket::bind(SocketAddr::new(
+            if dst_addr.is_ipv4() {
+                [0, 0, 0, 0].into()
+            } else {
+                [0u16; 8].into()
+            },
+            0,
+        ))?;
+        s.connect(SocketAddr::new(dst_addr, port))?;
+        let mut buf = vec![0u8; size];
+        let start = Instant::now();
+        let end = start + dur;
+        let mut seq = 0u64;
+        while Instant::now() < end {
+            if let Some(rate) = pps {
+                // Pace: do not run ahead of rate × elapsed.
+                let allowed = (start.elapsed().as_secs_f64() * rate as f64) as u64;
+                if seq >= allowed {
+                    std::thread::sleep(Duration::from_micros(200));
+                    continue;
+                }
+            }
+            buf[..8].copy_from_slice(&seq.to_le_bytes());
+            // ENOBUFS and friends mean the datagram was not sent: count only successes.
+            if s.send(&buf).is_ok() {
+                seq += 1;
+            }
+        }
+        Ok(seq)
+    });
+    let sent = join(client)?;
+    let _ = done_tx.send(());
+    let (t, secs) = join(server)?;
+    let lost = sent.saturating_sub(t.unique);
+    Ok(UdpResult {
+        sent,
+        received: t.unique,
+        lost,
+        reordered: t.reordered,
+        duplicates: t.duplicates,
+        loss_pct: if sent > 0 {
+            lost as f64 * 100.0 / sent as f64
+        } else {
+            0.0
+        },
+        delivered_pps: t.unique as f64 / secs,
+        goodput_bps: t.unique as f64 * size as f64 * 8.0 / secs,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::SeqTracker;
+
+    #[test]
+    fn tracks_loss_reorder_duplicates() {
+        let mut t = SeqTracker::default();
+        for s in [0, 1, 3, 2, 2, 5, 4, 9] {
+            t.record(s);
+        }
+        assert_eq!(t.unique, 7);
+        assert_eq!(t.duplicates, 1);
+        assert_eq!(t.reordered, 2); // 2 after 3, 4 after 5
+        t.record(u64::MAX);
+        assert_eq!(t.unique, 7, "absurd numbers are ignored");
+    }
+}
