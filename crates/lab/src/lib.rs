@@ -4,6 +4,7 @@
 //! HTML/Markdown reports.
 
 pub mod cpu;
+pub mod crosscheck;
 pub mod hist;
 pub mod impls;
 pub mod matrix;

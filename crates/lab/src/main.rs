@@ -46,6 +46,17 @@ enum Cmd {
         #[arg(long)]
         history: Vec<PathBuf>,
     },
+    /// Compare the lab's single-stream TCP goodput with iperf3's on the same tunnel
+    /// (interleaved repeats; the medians should agree within 15%).
+    Crosscheck {
+        /// Implementation carrying the traffic.
+        #[arg(long, default_value = "wirelane")]
+        implementation: String,
+        #[arg(long, default_value_t = 3.0)]
+        seconds: f64,
+        #[arg(long, default_value_t = 3)]
+        repeats: usize,
+    },
 }
 
 static INTERRUPTED: AtomicBool = AtomicBool::new(false);
@@ -186,6 +197,26 @@ fn write_report(dir: &Path, history: &[PathBuf]) -> Result<()> {
     Ok(())
 }
 
+fn crosscheck(which: &str, secs: f64, repeats: usize) -> Result<()> {
+    if !(0.5..=60.0).contains(&secs) || !(1..=20).contains(&repeats) {
+        return Err("--seconds must be 0.5..=60 and --repeats 1..=20".into());
+    }
+    let c = wirelane_lab::crosscheck::run(which.parse()?, secs, repeats)?;
+    let g = |v: &[f64]| {
+        v.iter()
+            .map(|x| format!("{:.3}", x / 1e9))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    println!("lab    Gbit/s: {}", g(&c.lab_bps));
+    println!("iperf3 Gbit/s: {}", g(&c.iperf3_bps));
+    println!("medians differ by {:.1}%", c.difference() * 100.0);
+    if c.difference() > 0.15 {
+        return Err("the lab and iperf3 disagree by more than 15%".into());
+    }
+    Ok(())
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     install_signal_handlers();
@@ -198,6 +229,11 @@ fn main() -> ExitCode {
             only,
         } => run_matrix(matrix, out.clone(), *duration, *repeats, only),
         Cmd::Report { dir, history } => write_report(dir, history),
+        Cmd::Crosscheck {
+            implementation,
+            seconds,
+            repeats,
+        } => crosscheck(implementation, *seconds, *repeats),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,

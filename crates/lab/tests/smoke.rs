@@ -1,0 +1,160 @@
+//! End-to-end run of the lab (as root): the smoke matrix over `none`, `wireguard-go`
+//! and `wirelane` at 2 s per cell, the report, and the iperf3 cross-check.
+
+use std::process::Command;
+use wirelane_lab::record::RunRecord;
+
+fn lab() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_wirelane-lab"))
+}
+
+#[test]
+fn smoke_matrix_results_and_report() {
+    // SAFETY: geteuid has no preconditions.
+    assert_eq!(
+        unsafe { libc::geteuid() },
+        0,
+        "the lab needs root for namespaces"
+    );
+    let wirelane =
+        std::path::Path::new(env!("CARGO_BIN_EXE_wirelane-lab")).with_file_name("wirelane");
+    assert!(
+        wirelane.is_file(),
+        "build the daemon first: {}",
+        wirelane.display()
+    );
+    let out = std::env::temp_dir().join(format!("wirelane-lab-smoke-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&out);
+    let matrix = concat!(env!("CARGO_MANIFEST_DIR"), "/../../lab/smoke.toml");
+    let st = lab()
+        .args(["run", matrix, "--out"])
+        .arg(&out)
+        .status()
+        .unwrap();
+    assert!(st.success());
+
+    let text = std::fs::read_to_string(out.join("results.jsonl")).unwrap();
+    let recs: Vec<RunRecord> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(recs.len(), 4 * 3, "4 cells × 3 implementations");
+    for r in &recs {
+        let na = r.implementation == "none" && r.cell_id.contains('[');
+        assert_eq!(
+            r.error.is_some(),
+            na,
+            "{} {}: {:?}",
+            r.cell_id,
+            r.implementation,
+            r.error
+        );
+        assert!(!r.env.kernel.is_empty() && r.env.cores > 0 && !r.env.commit.is_empty());
+        assert!(r.env.versions.contains_key(&r.implementation));
+        if r.implementation != "none" && !na {
+            assert!(!r.peak_rss_kib.is_empty() && r.cpu.daemon_s > 0.0, "{r:?}");
+            assert!(!r.cpu.cores.is_empty() && !r.cpu.threads.is_empty());
+        }
+    }
+    // Plausible: non-zero everywhere, and the plain path above every tunnel.
+    let goodput = |imp: &str| {
+        recs.iter()
+            .find(|r| r.implementation == imp && r.cell_id.starts_with("tcp"))
+            .and_then(|r| r.goodput_bps())
+            .unwrap()
+    };
+    for imp in ["wirelane", "wireguard-go"] {
+        assert!(goodput(imp) > 1e6, "{imp}: {}", goodput(imp));
+        assert!(
+            goodput("none") > goodput(imp),
+            "none {} vs {imp} {}",
+            goodput("none"),
+            goodput(imp)
+        );
+    }
+    for r in recs.iter().filter(|r| r.cell_id.starts_with("rr")) {
+        let l = r.latency.unwrap();
+        assert!(
+            l.transactions > 100 && l.p50_us > 0.0 && l.p99_us >= l.p50_us,
+            "{l:?}"
+        );
+    }
+    // The 10% loss set on the relay is what the UDP receiver observes (±3 points), and
+    // what the relay itself counted.
+    for r in recs
+        .iter()
+        .filter(|r| r.cell_id.contains("loss10%") && r.error.is_none())
+    {
+        let u = r.udp.unwrap();
+        assert!(
+            (7.0..=13.0).contains(&u.loss_pct),
+            "{}: loss {}%",
+            r.implementation,
+            u.loss_pct
+        );
+        let relay = &r.relay[0];
+        let dropped = relay.dropped as f64 * 100.0 / relay.received as f64;
+        assert!((8.0..=12.0).contains(&dropped), "relay dropped {dropped}%");
+        assert_eq!(u.duplicates, 0);
+    }
+    // Unimpaired UDP through a tunnel: nothing reordered or duplicated.
+    for r in recs
+        .iter()
+        .filter(|r| r.cell_id.starts_with("udp") && !r.cell_id.contains('['))
+    {
+        let u = r.udp.unwrap();
+        assert!(
+            u.received > 0 && u.duplicates == 0,
+            "{}: {u:?}",
+            r.implementation
+        );
+    }
+
+    let st = lab().arg("report").arg(&out).status().unwrap();
+    assert!(st.success());
+    let html = std::fs::read_to_string(out.join("report.html")).unwrap();
+    assert!(html.matches("<svg").count() >= 8, "charts missing");
+    assert!(html.contains("History") && html.contains("wireguard-go"));
+    let md = std::fs::read_to_string(out.join("summary.md")).unwrap();
+    assert!(
+        md.contains("| tcp 1x a→b | wirelane | goodput Gbit/s |"),
+        "{md}"
+    );
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+#[test]
+fn tcp_figure_agrees_with_iperf3() {
+    let o = lab()
+        .args(["crosscheck", "--seconds", "2", "--repeats", "3"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(text.contains("medians differ by"), "{text}");
+}
+
+#[test]
+fn bad_matrix_is_a_clear_error() {
+    let dir = std::env::temp_dir().join(format!("wirelane-lab-bad-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let m = dir.join("m.toml");
+    std::fs::write(&m, "name = \"x\"\nimplementations = [\"warp\"]\nbaseline = \"warp\"\n[[workload]]\nkind = \"tcp\"\n").unwrap();
+    let o = lab().arg("run").arg(&m).output().unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("unknown implementation 'warp'"));
+    let o = lab()
+        .arg("run")
+        .arg(dir.join("missing.toml"))
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("missing.toml"));
+    let o = lab().args(["report"]).arg(&dir).output().unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    let _ = std::fs::remove_dir_all(&dir);
+}
