@@ -253,25 +253,6 @@ fn rss_kib(pid: u32) -> u64 {
         .unwrap()
 }
 
-/// Writes a config with `n` peers, each with its own /32 and /128.
-pub fn many_peers_config(n: usize, private: &str) -> String {
-    let mut conf = format!("[Interface]\nPrivateKey = {private}\nListenPort = 51820\n");
-    let mut s = Stream::new(42);
-    let mut key = [0u8; 32];
-    for i in 0..n {
-        s.fill(&mut key);
-        conf.push_str(&format!(
-            "\n[Peer]\nPublicKey = {}\nAllowedIPs = 10.{}.{}.{}/32, fd10::{:x}/128\n",
-            base64(&key),
-            64 + i / 65536,
-            (i / 256) % 256,
-            i % 256,
-            i
-        ));
-    }
-    conf
-}
-
 #[test]
 fn ten_thousand_peers_setconf() {
     require_root();
@@ -279,7 +260,7 @@ fn ten_thousand_peers_setconf() {
     let d = Daemon::start(Impl::Wirelane, &ns);
     let n = 10_000;
     let path = std::env::temp_dir().join(format!("{}-10k.conf", d.ifname));
-    std::fs::write(&path, many_peers_config(n, &genkeys().private)).unwrap();
+    std::fs::write(&path, wirelane_lab::peers::config(n, &genkeys().private)).unwrap();
     let rss_before = rss_kib(d.pid());
     let t = Instant::now();
     d.wg(&format!("setconf IF {}", path.display()));

@@ -152,7 +152,7 @@ impl Drop for Daemon {
     }
 }
 
-fn start(which: Impl, ns: &Netns) -> Result<Daemon> {
+pub fn start(which: Impl, ns: &Netns) -> Result<Daemon> {
     let ifname = unique("lw");
     if which == Impl::Kernel {
         ns.run(&format!("ip link add {ifname} type wireguard"))?;

@@ -9,6 +9,7 @@ pub mod hist;
 pub mod impls;
 pub mod matrix;
 pub mod netns;
+pub mod peers;
 pub mod record;
 pub mod relay;
 pub mod report;

@@ -46,6 +46,20 @@ enum Cmd {
         #[arg(long)]
         history: Vec<PathBuf>,
     },
+    /// Time `wg setconf` of COUNT peers into each implementation and measure the
+    /// resident memory each idle peer costs (interleaved repeats).
+    Peers {
+        #[arg(long, default_value_t = 10_000)]
+        count: usize,
+        #[arg(long, default_value_t = 3)]
+        repeats: usize,
+        #[arg(
+            long,
+            value_delimiter = ',',
+            default_value = "wirelane,wireguard-go,boringtun"
+        )]
+        implementations: Vec<String>,
+    },
     /// Compare the lab's single-stream TCP goodput with iperf3's on the same tunnel
     /// (interleaved repeats; the medians should agree within 15%).
     Crosscheck {
@@ -197,6 +211,19 @@ fn write_report(dir: &Path, history: &[PathBuf]) -> Result<()> {
     Ok(())
 }
 
+fn peers(count: usize, repeats: usize, names: &[String]) -> Result<()> {
+    if !(1..=1_000_000).contains(&count) || !(1..=20).contains(&repeats) {
+        return Err("--count must be 1..=1000000 and --repeats 1..=20".into());
+    }
+    let impls: Vec<_> = names
+        .iter()
+        .map(|s| s.parse())
+        .collect::<std::result::Result<_, _>>()?;
+    let r = wirelane_lab::peers::run(&impls, count, repeats)?;
+    println!("{}", wirelane_lab::peers::table(&r, count));
+    Ok(())
+}
+
 fn crosscheck(which: &str, secs: f64, repeats: usize) -> Result<()> {
     if !(0.5..=60.0).contains(&secs) || !(1..=20).contains(&repeats) {
         return Err("--seconds must be 0.5..=60 and --repeats 1..=20".into());
@@ -229,6 +256,11 @@ fn main() -> ExitCode {
             only,
         } => run_matrix(matrix, out.clone(), *duration, *repeats, only),
         Cmd::Report { dir, history } => write_report(dir, history),
+        Cmd::Peers {
+            count,
+            repeats,
+            implementations,
+        } => peers(*count, *repeats, implementations),
         Cmd::Crosscheck {
             implementation,
             seconds,

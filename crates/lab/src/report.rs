@@ -20,10 +20,10 @@ fn esc(s: &str) -> String {
 }
 
 /// Horizontal bars (median) with min–max whiskers, one per implementation.
-fn bar_chart(title: &str, unit: &str, rows: &[(String, f64, f64, f64)]) -> String {
+fn bar_chart(title: &str, unit: &str, rows: &[(String, usize, f64, f64, f64)]) -> String {
     let (w, row_h, left) = (640.0, 26.0, 130.0);
     let h = 40.0 + row_h * rows.len() as f64;
-    let max = rows.iter().map(|r| r.3).fold(0.0f64, f64::max).max(1e-9) * 1.1;
+    let max = rows.iter().map(|r| r.4).fold(0.0f64, f64::max).max(1e-9) * 1.1;
     let x = |v: f64| left + (w - left - 20.0) * v / max;
     let mut s = format!(
         r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" role="img"><title>{}</title>"#,
@@ -35,9 +35,9 @@ fn bar_chart(title: &str, unit: &str, rows: &[(String, f64, f64, f64)]) -> Strin
         esc(title),
         esc(unit)
     );
-    for (i, (name, med, lo, hi)) in rows.iter().enumerate() {
+    for (i, (name, color, med, lo, hi)) in rows.iter().enumerate() {
         let y = 28.0 + row_h * i as f64;
-        let c = COLORS[i % COLORS.len()];
+        let c = COLORS[color % COLORS.len()];
         let _ = write!(
             s,
             r#"<text x="4" y="{ty}" font-size="12">{n}</text><rect x="{left}" y="{y}" width="{bw:.1}" height="16" fill="{c}"/><line x1="{l:.1}" x2="{r:.1}" y1="{my}" y2="{my}" stroke="black"/><line x1="{l:.1}" x2="{l:.1}" y1="{y1}" y2="{y2}" stroke="black"/><line x1="{r:.1}" x2="{r:.1}" y1="{y1}" y2="{y2}" stroke="black"/><text x="{tx:.1}" y="{ty}" font-size="11">{v}</text>"#,
@@ -58,11 +58,11 @@ fn bar_chart(title: &str, unit: &str, rows: &[(String, f64, f64, f64)]) -> Strin
 }
 
 /// Grouped bars of latency percentiles per implementation.
-fn latency_chart(title: &str, rows: &[(String, [f64; 4])]) -> String {
+fn latency_chart(title: &str, rows: &[(String, usize, [f64; 4])]) -> String {
     let (w, h, left, bottom) = (640.0, 220.0, 50.0, 180.0);
     let max = rows
         .iter()
-        .flat_map(|r| r.1)
+        .flat_map(|r| r.2)
         .fold(0.0f64, f64::max)
         .max(1e-9)
         * 1.1;
@@ -85,7 +85,7 @@ fn latency_chart(title: &str, rows: &[(String, [f64; 4])]) -> String {
             gx + group_w / 2.0 - 12.0,
             bottom + 16.0
         );
-        for (i, (_, v)) in rows.iter().enumerate() {
+        for (i, (_, color, v)) in rows.iter().enumerate() {
             let bh = (bottom - 24.0) * v[p] / max;
             let _ = write!(
                 s,
@@ -94,7 +94,7 @@ fn latency_chart(title: &str, rows: &[(String, [f64; 4])]) -> String {
                 bottom - bh,
                 bar_w - 2.0,
                 bh,
-                COLORS[i % COLORS.len()],
+                COLORS[color % COLORS.len()],
                 v[p]
             );
         }
@@ -103,12 +103,12 @@ fn latency_chart(title: &str, rows: &[(String, [f64; 4])]) -> String {
         s,
         r#"<line x1="{left}" x2="{w}" y1="{bottom}" y2="{bottom}" stroke="black"/>"#
     );
-    for (i, (name, _)) in rows.iter().enumerate() {
+    for (i, (name, color, _)) in rows.iter().enumerate() {
         let _ = write!(
             s,
             r#"<rect x="{:.1}" y="200" width="10" height="10" fill="{}"/><text x="{:.1}" y="209" font-size="11">{}</text>"#,
             left + 120.0 * i as f64,
-            COLORS[i % COLORS.len()],
+            COLORS[color % COLORS.len()],
             left + 14.0 + 120.0 * i as f64,
             esc(name)
         );
@@ -259,14 +259,16 @@ pub fn html(sets: &BTreeMap<String, Vec<RunRecord>>, baseline: &str) -> String {
             .expect("non-empty");
         let _ = write!(body, "<h2>{}</h2><div class=\"charts\">", esc(cell));
         if matches!(first.cell, crate::matrix::Cell::Rr { .. }) {
-            let rows: Vec<(String, [f64; 4])> = order
+            let rows: Vec<(String, usize, [f64; 4])> = order
                 .iter()
-                .filter_map(|n| {
+                .enumerate()
+                .filter_map(|(ci, n)| {
                     let runs = impls.get(n)?;
                     let q =
                         |f: fn(&RunRecord) -> Option<f64>| summary_of(runs, f).map(|s| s.median);
                     Some((
                         n.clone(),
+                        ci,
                         [
                             q(|r| r.latency.map(|l| l.p50_us))?,
                             q(|r| r.latency.map(|l| l.p90_us))?,
@@ -284,10 +286,12 @@ pub fn html(sets: &BTreeMap<String, Vec<RunRecord>>, baseline: &str) -> String {
             let m: Metric = metrics_for(first)[0];
             let rows: Vec<_> = order
                 .iter()
-                .filter_map(|n| {
+                .enumerate()
+                .filter_map(|(ci, n)| {
                     let s = summary_of(impls.get(n)?, m.extract)?;
                     Some((
                         n.clone(),
+                        ci,
                         s.median * m.scale,
                         s.min * m.scale,
                         s.max * m.scale,

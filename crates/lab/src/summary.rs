@@ -123,6 +123,14 @@ fn fmt_num(x: f64) -> String {
     }
 }
 
+fn fmt_ratio(x: f64) -> String {
+    if x < 0.1 {
+        format!("{x:.3}")
+    } else {
+        format!("{x:.2}")
+    }
+}
+
 /// The Markdown summary: one table per result set, ready to paste into notes.
 pub fn markdown(records: &[RunRecord], baseline: &str, impl_order: &[String]) -> String {
     let g = group(records);
@@ -173,7 +181,8 @@ pub fn markdown(records: &[RunRecord], baseline: &str, impl_order: &[String]) ->
                     ));
                     continue;
                 };
-                let rat = ratio(s.median, base).map_or("–".into(), |x| format!("{x:.2}×"));
+                let rat =
+                    ratio(s.median, base).map_or("–".into(), |x| format!("{}×", fmt_ratio(x)));
                 let extra = match first.cell {
                     crate::matrix::Cell::Udp { .. } => {
                         summary_of(runs, udp_loss).map(|s| format!("{:.2}% loss", s.median))

@@ -36,16 +36,8 @@ pub fn require_root() {
 
 /// Finds a tool on PATH (plus the usual per-user install directories).
 pub fn tool(name: &str) -> PathBuf {
-    let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
-    let extra = [format!("{home}/go/bin"), format!("{home}/.cargo/bin")];
-    let path = std::env::var("PATH").unwrap_or_default();
-    for dir in path.split(':').map(String::from).chain(extra) {
-        let p = PathBuf::from(dir).join(name);
-        if p.is_file() {
-            return p;
-        }
-    }
-    panic!("'{name}' is not installed: run scripts/install-deps.sh");
+    wirelane_lab::impls::find_tool(name)
+        .unwrap_or_else(|| panic!("'{name}' is not installed: run scripts/install-deps.sh"))
 }
 
 pub fn sh(cmd: &str) -> Output {
@@ -337,24 +329,6 @@ pub fn genkeys() -> Keys {
         .trim()
         .to_string();
     Keys { private, public }
-}
-
-pub fn base64(bytes: &[u8]) -> String {
-    const T: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut s = String::new();
-    for c in bytes.chunks(3) {
-        let n = (c[0] as u32) << 16
-            | (*c.get(1).unwrap_or(&0) as u32) << 8
-            | *c.get(2).unwrap_or(&0) as u32;
-        for i in 0..4 {
-            if i <= c.len() {
-                s.push(T[(n >> (18 - 6 * i) & 63) as usize] as char);
-            } else {
-                s.push('=');
-            }
-        }
-    }
-    s
 }
 
 /// Deterministic byte stream for transfers, so the receiver can verify every byte,

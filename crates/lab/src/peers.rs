@@ -1,0 +1,123 @@
+//! Configuration scale: how long `wg setconf` takes to load N peers (each with its own
+//! /32 and /128) into an implementation, and what each idle peer costs in resident
+//! memory. Implementations run interleaved, each in a fresh namespace.
+
+use crate::impls::{start, Impl};
+use crate::netns::Netns;
+use crate::stats::median;
+use crate::Result;
+use std::time::Instant;
+
+pub struct PeerLoad {
+    pub implementation: Impl,
+    pub seconds: Vec<f64>,
+    pub bytes_per_peer: Vec<f64>,
+}
+
+fn rss_kib(pid: u32) -> Result<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    s.lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| "no VmRSS".into())
+}
+
+fn base64(bytes: &[u8]) -> String {
+    const T: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut s = String::new();
+    for c in bytes.chunks(3) {
+        let n = (c[0] as u32) << 16
+            | (*c.get(1).unwrap_or(&0) as u32) << 8
+            | *c.get(2).unwrap_or(&0) as u32;
+        for i in 0..4 {
+            s.push(if i <= c.len() {
+                T[(n >> (18 - 6 * i) & 63) as usize] as char
+            } else {
+                '='
+            });
+        }
+    }
+    s
+}
+
+/// A config with `n` peers whose public keys are derived from a counter (any 32 bytes
+/// are a valid X25519 public key for configuration purposes).
+pub fn config(n: usize, private: &str) -> String {
+    let mut conf = format!("[Interface]\nPrivateKey = {private}\nListenPort = 51820\n");
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    for i in 0..n {
+        let mut key = [0u8; 32];
+        for chunk in key.chunks_mut(8) {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            chunk.copy_from_slice(&state.to_le_bytes());
+        }
+        conf.push_str(&format!(
+            "\n[Peer]\nPublicKey = {}\nAllowedIPs = 10.{}.{}.{}/32, fd10::{:x}/128\n",
+            base64(&key),
+            64 + i / 65536,
+            (i / 256) % 256,
+            i % 256,
+            i
+        ));
+    }
+    conf
+}
+
+pub fn run(impls: &[Impl], n: usize, repeats: usize) -> Result<Vec<PeerLoad>> {
+    let private = crate::netns::sh("wg genkey")?.trim().to_string();
+    let path = std::env::temp_dir().join(format!("wirelane-lab-peers-{}.conf", std::process::id()));
+    std::fs::write(&path, config(n, &private))?;
+    let mut out: Vec<PeerLoad> = impls
+        .iter()
+        .map(|i| PeerLoad {
+            implementation: *i,
+            seconds: Vec::new(),
+            bytes_per_peer: Vec::new(),
+        })
+        .collect();
+    for _ in 0..repeats {
+        for r in out.iter_mut() {
+            let ns = Netns::new("labp")?;
+            let d = start(r.implementation, &ns)?;
+            let pid = d.pid.ok_or("implementation has no daemon process")?;
+            std::thread::sleep(std::time::Duration::from_millis(300));
+            let before = rss_kib(pid)?;
+            let t = Instant::now();
+            ns.run(&format!("wg setconf {} {}", d.ifname, path.display()))?;
+            r.seconds.push(t.elapsed().as_secs_f64());
+            let peers = ns.run(&format!("wg show {} peers | wc -l", d.ifname))?;
+            if peers.trim() != n.to_string() {
+                return Err(format!(
+                    "{} holds {} peers after setconf, not {n}",
+                    r.implementation.name(),
+                    peers.trim()
+                )
+                .into());
+            }
+            let after = rss_kib(pid)?;
+            r.bytes_per_peer
+                .push(after.saturating_sub(before) as f64 * 1024.0 / n as f64);
+        }
+    }
+    let _ = std::fs::remove_file(path);
+    Ok(out)
+}
+
+/// Markdown table of the medians.
+pub fn table(results: &[PeerLoad], n: usize) -> String {
+    let mut s = format!("| implementation | `wg setconf` of {n} peers, s (min–max) | resident memory per peer, bytes |\n|---|---|---|\n");
+    for r in results {
+        let lo = r.seconds.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = r.seconds.iter().copied().fold(0.0, f64::max);
+        s.push_str(&format!(
+            "| {} | {:.3} ({lo:.3}–{hi:.3}) | {:.0} |\n",
+            r.implementation.name(),
+            median(&r.seconds).unwrap_or(0.0),
+            median(&r.bytes_per_peer).unwrap_or(0.0)
+        ));
+    }
+    s
+}
