@@ -356,3 +356,102 @@ pub fn load_sets(dirs: &[std::path::PathBuf]) -> crate::Result<BTreeMap<String, 
     }
     Ok(sets)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::matrix::{Cell, Direction};
+    use crate::workload::tcp::TcpResult;
+
+    fn rec(set: &str, imp: &str, repeat: usize, gbps: f64) -> RunRecord {
+        let cell = Cell::Tcp {
+            streams: 1,
+            direction: Direction::AToB,
+            impairment: Default::default(),
+        };
+        RunRecord {
+            schema: crate::record::SCHEMA,
+            set: set.into(),
+            timestamp: String::new(),
+            env: Default::default(),
+            matrix: "m".into(),
+            baseline: "wireguard-go".into(),
+            cell_id: cell.id(),
+            cell,
+            implementation: imp.into(),
+            version: String::new(),
+            repeat,
+            seconds: 1.0,
+            error: None,
+            tcp: vec![TcpResult {
+                bytes: (gbps * 1.25e8) as u64,
+                seconds: 1.0,
+                goodput_bps: gbps * 1e9,
+                retransmits: 0,
+            }],
+            udp: None,
+            latency: None,
+            cpu: Default::default(),
+            peak_rss_kib: vec![],
+            cycles_per_byte: None,
+            relay: vec![],
+        }
+    }
+
+    #[test]
+    fn history_shows_change_between_sets() {
+        let mut sets = BTreeMap::new();
+        sets.insert(
+            "2026-01-01 a".to_string(),
+            vec![
+                rec("2026-01-01 a", "wirelane", 0, 1.0),
+                rec("2026-01-01 a", "wirelane", 1, 3.0),
+            ],
+        );
+        sets.insert(
+            "2026-01-02 b".to_string(),
+            vec![
+                rec("2026-01-02 b", "wirelane", 0, 2.2),
+                rec("2026-01-02 b", "wireguard-go", 0, 1.1),
+            ],
+        );
+        let h = history_table(&sets);
+        // Median of 1.0 and 3.0 is 2.0; then 2.2 is +10%.
+        assert!(h.contains("2.000"), "{h}");
+        assert!(
+            h.contains("(+10.0%)") && h.contains(r#"class="better""#),
+            "{h}"
+        );
+        let page = html(&sets, "wireguard-go");
+        assert!(
+            page.contains("<svg") && page.contains("2.00×"),
+            "ratio against the baseline"
+        );
+        assert!(page.starts_with("<!doctype html>") && !page.contains("<script"));
+    }
+
+    #[test]
+    fn markdown_reports_median_min_max_and_ratio() {
+        let recs = vec![
+            rec("s", "wirelane", 0, 1.0),
+            rec("s", "wirelane", 1, 3.0),
+            rec("s", "wirelane", 2, 2.0),
+            rec("s", "wireguard-go", 0, 1.0),
+        ];
+        let md = crate::summary::markdown(
+            &recs,
+            "wireguard-go",
+            &["wirelane".into(), "wireguard-go".into()],
+        );
+        assert!(
+            md.contains("| tcp 1x a→b | wirelane | goodput Gbit/s | 2.00 (1.00–3.00) | 2.00× |"),
+            "{md}"
+        );
+        assert!(
+            md.contains(
+                "| tcp 1x a→b | wireguard-go | goodput Gbit/s | 1.00 (1.00–1.00) | 1.00× |"
+            ),
+            "{md}"
+        );
+    }
+}
