@@ -22,13 +22,22 @@ fi
 
 if ! command -v cargo >/dev/null 2>&1; then
     echo "install-deps: installing Rust with rustup"
-    curl -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal --component clippy,rustfmt
+    if ! curl -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal --component clippy,rustfmt; then
+        echo "install-deps: rustup unreachable; falling back to Debian's cargo"
+        apt-get update -q
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends cargo rustc rustfmt rust-clippy
+    fi
 fi
 
 if ! command -v wireguard-go >/dev/null 2>&1; then
     echo "install-deps: go install wireguard-go@$WIREGUARD_GO_VERSION"
-    GOBIN="$HOME/go/bin" go install "golang.zx2c4.com/wireguard@$WIREGUARD_GO_VERSION"
-    mv "$HOME/go/bin/wireguard" "$HOME/go/bin/wireguard-go"
+    if GOBIN="$HOME/go/bin" go install "golang.zx2c4.com/wireguard@$WIREGUARD_GO_VERSION"; then
+        mv "$HOME/go/bin/wireguard" "$HOME/go/bin/wireguard-go"
+    else
+        echo "install-deps: go install failed (Go too old?); using Debian's older wireguard-go"
+        apt-get update -q
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends wireguard-go
+    fi
 fi
 
 if ! command -v boringtun-cli >/dev/null 2>&1; then

@@ -200,6 +200,7 @@ fn run(cli: &Cli, readiness: &mut daemonize::Readiness) -> Result<(), String> {
         Stop::DeviceFailed(why) => tracing::info!(reason = %why, "shutting down"),
     }
     running.stop();
+    tracing::info!(stats = ?dev.stats, "final interface counters");
     let _ = accept.join();
     uapi.remove();
     // The TUN interface disappears when its last descriptor closes with the device.
