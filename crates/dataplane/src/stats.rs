@@ -1,6 +1,6 @@
 //! Interface-wide counters. Relaxed atomics: they are statistics, not synchronisation.
 
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 #[derive(Default, Debug)]
 pub struct Stats {
@@ -40,4 +40,16 @@ pub struct Stats {
     pub serial_runs: AtomicU64,
     pub serial_batches: AtomicU64,
     pub serial_empty_runs: AtomicU64,
+}
+
+impl Stats {
+    /// Records one serial-stage invocation that handled `batches` batches.
+    pub fn record_serial_run(&self, batches: usize) {
+        self.serial_runs.fetch_add(1, Ordering::Relaxed);
+        self.serial_batches
+            .fetch_add(batches as u64, Ordering::Relaxed);
+        if batches == 0 {
+            self.serial_empty_runs.fetch_add(1, Ordering::Relaxed);
+        }
+    }
 }

@@ -252,11 +252,7 @@ pub fn html(sets: &BTreeMap<String, Vec<RunRecord>>, baseline: &str) -> String {
     let md = summary::markdown(records, baseline, &order);
     for cell in &g.cells {
         let impls = &g.by_cell[cell];
-        let first = impls
-            .values()
-            .next()
-            .and_then(|v| v.first())
-            .expect("non-empty");
+        let first = g.first_of(cell);
         let _ = write!(body, "<h2>{}</h2><div class=\"charts\">", esc(cell));
         if matches!(first.cell, crate::matrix::Cell::Rr { .. }) {
             let rows: Vec<(String, usize, [f64; 4])> = order

@@ -87,6 +87,17 @@ pub struct Grouped<'a> {
     pub by_cell: BTreeMap<String, BTreeMap<String, Vec<&'a RunRecord>>>,
 }
 
+impl<'a> Grouped<'a> {
+    /// Any record of `cell` (they all share the cell's kind).
+    pub fn first_of(&self, cell: &str) -> &'a RunRecord {
+        self.by_cell[cell]
+            .values()
+            .next()
+            .and_then(|v| v.first())
+            .expect("groups are never empty")
+    }
+}
+
 pub fn group(records: &[RunRecord]) -> Grouped<'_> {
     let mut cells = Vec::new();
     let mut by_cell: BTreeMap<String, BTreeMap<String, Vec<&RunRecord>>> = BTreeMap::new();
@@ -158,11 +169,7 @@ pub fn markdown(records: &[RunRecord], baseline: &str, impl_order: &[String]) ->
     out.push_str("|---|---|---|---|---|---|---|---|\n");
     for cell in &g.cells {
         let impls = &g.by_cell[cell];
-        let first = impls
-            .values()
-            .next()
-            .and_then(|v| v.first())
-            .expect("non-empty group");
+        let first = g.first_of(cell);
         for m in metrics_for(first) {
             let base = impls
                 .get(baseline)

@@ -90,6 +90,22 @@ fn veth(a: &Netns, a_addr: &str, b: &Netns, b_addr: &str) -> Result<()> {
     Ok(())
 }
 
+/// Host A on PORT_A and host B on PORT_B.
+fn two_hosts(a: Netns, ua: IpAddr, b: Netns, ub: IpAddr) -> Vec<Host> {
+    vec![
+        Host {
+            ns: a,
+            underlay: ua,
+            port: PORT_A,
+        },
+        Host {
+            ns: b,
+            underlay: ub,
+            port: PORT_B,
+        },
+    ]
+}
+
 impl Testbed {
     pub fn build(topology: Topology, impairment: Impairment) -> Result<Testbed> {
         let a = Netns::new("lab")?;
@@ -112,18 +128,7 @@ impl Testbed {
                         a_sends_to: SocketAddr::new(ub, PORT_B),
                         b_sends_to: SocketAddr::new(ua, PORT_A),
                     }],
-                    hosts: vec![
-                        Host {
-                            ns: a,
-                            underlay: ua,
-                            port: PORT_A,
-                        },
-                        Host {
-                            ns: b,
-                            underlay: ub,
-                            port: PORT_B,
-                        },
-                    ],
+                    hosts: two_hosts(a, ua, b, ub),
                     router: None,
                 })
             }
@@ -155,18 +160,7 @@ impl Testbed {
                         a_sends_to: ra,
                         b_sends_to: rb,
                     }],
-                    hosts: vec![
-                        Host {
-                            ns: a,
-                            underlay: ua,
-                            port: PORT_A,
-                        },
-                        Host {
-                            ns: b,
-                            underlay: ub,
-                            port: PORT_B,
-                        },
-                    ],
+                    hosts: two_hosts(a, ua, b, ub),
                     router: Some(r),
                 })
             }

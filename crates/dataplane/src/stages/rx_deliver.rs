@@ -63,11 +63,5 @@ pub fn deliver(dev: &Device, peer: &Arc<Peer>) {
             let _ = dev.tun.write(&plain[..h.total_len]);
         }
     });
-    dev.stats.serial_runs.fetch_add(1, Ordering::Relaxed);
-    dev.stats
-        .serial_batches
-        .fetch_add(handled as u64, Ordering::Relaxed);
-    if handled == 0 {
-        dev.stats.serial_empty_runs.fetch_add(1, Ordering::Relaxed);
-    }
+    dev.stats.record_serial_run(handled);
 }

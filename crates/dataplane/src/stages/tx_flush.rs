@@ -39,13 +39,7 @@ pub fn flush(dev: &Device, peer: &Arc<Peer>) {
             sent_data |= msgs[..n].iter().any(|(b, _)| b.len() > 32);
         }
     });
-    dev.stats.serial_runs.fetch_add(1, Ordering::Relaxed);
-    dev.stats
-        .serial_batches
-        .fetch_add(handled as u64, Ordering::Relaxed);
-    if handled == 0 {
-        dev.stats.serial_empty_runs.fetch_add(1, Ordering::Relaxed);
-    }
+    dev.stats.record_serial_run(handled);
     if sent_any {
         dev.with_peer(peer, |state, ctx, _| state.on_sent(ctx, sent_data));
     }
