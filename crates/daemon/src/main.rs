@@ -45,6 +45,10 @@ struct Cli {
     #[arg(long, value_name = "MODEL", default_value = "workqueue")]
     model: Model,
 
+    /// Do not ask the TUN for checksum and segmentation offloads (IFF_VNET_HDR).
+    #[arg(long)]
+    no_offloads: bool,
+
     /// Crypt worker threads (default: one per online CPU).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=1024))]
     workers: Option<u16>,
@@ -166,7 +170,7 @@ fn run(cli: &Cli, readiness: &mut daemonize::Readiness) -> Result<(), String> {
     let sig = signal_fd().map_err(|e| format!("cannot set up signal handling: {e}"))?;
     // Refuse before touching the interface if another process already serves it.
     listener::ensure_not_served(&cli.ifname).map_err(|e| e.to_string())?;
-    let tun = Tun::create(&cli.ifname)
+    let tun = Tun::create(&cli.ifname, !cli.no_offloads)
         .map_err(|e| format!("cannot create TUN interface '{}': {e}", cli.ifname))?;
     let sockets = Sockets::bind(0, 0).map_err(|e| format!("cannot bind UDP sockets: {e}"))?;
     let dev = Device::new(tun, sockets).map_err(|e| format!("cannot create device: {e}"))?;

@@ -11,6 +11,8 @@ pub const DEFAULT_MTU: u32 = 1420;
 pub struct Tun {
     fd: OwnedFd,
     name: String,
+    /// Packets carry a `virtio_net_hdr` (see [`crate::offload`]) in both directions.
+    vnet: bool,
 }
 
 fn ifreq_with_name(name: &str) -> io::Result<libc::ifreq> {
@@ -44,9 +46,41 @@ fn if_ioctl(req: &mut libc::ifreq, op: libc::c_ulong) -> io::Result<()> {
 }
 
 impl Tun {
-    /// Creates (or attaches to) the TUN interface `name`, without packet information
-    /// headers, and sets its MTU to [`DEFAULT_MTU`].
-    pub fn create(name: &str) -> io::Result<Tun> {
+    /// Creates (or attaches to) the TUN interface `name` and sets its MTU to
+    /// [`DEFAULT_MTU`]. With `offloads`, it asks for `IFF_VNET_HDR` with checksum and
+    /// TCP segmentation offload, so reads may return 64 KiB super-packets; when the
+    /// kernel refuses, it falls back to plain packets.
+    pub fn create(name: &str, offloads: bool) -> io::Result<Tun> {
+        if offloads {
+            match Self::open(name, true) {
+                Ok(t) => {
+                    let flags = libc::TUN_F_CSUM | libc::TUN_F_TSO4 | libc::TUN_F_TSO6;
+                    // SAFETY: TUNSETOFFLOAD takes the flags by value.
+                    let r = unsafe {
+                        libc::ioctl(
+                            t.fd.as_raw_fd(),
+                            libc::TUNSETOFFLOAD as _,
+                            flags as libc::c_ulong,
+                        )
+                    };
+                    if r == 0 {
+                        t.set_mtu(DEFAULT_MTU)?;
+                        return Ok(t);
+                    }
+                    // Offloads refused: the vnet header stays, always empty. Simpler to
+                    // reopen without it.
+                    drop(t);
+                }
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        let t = Self::open(name, false)?;
+        t.set_mtu(DEFAULT_MTU)?;
+        Ok(t)
+    }
+
+    fn open(name: &str, vnet: bool) -> io::Result<Tun> {
         let mut req = ifreq_with_name(name)?;
         // SAFETY: path is a valid C string; result checked.
         let fd = cvt(unsafe {
@@ -57,16 +91,27 @@ impl Tun {
         })?;
         // SAFETY: fd was just opened and is exclusively ours.
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        req.ifr_ifru.ifru_flags = (libc::IFF_TUN | libc::IFF_NO_PI) as libc::c_short;
+        let mut flags = libc::IFF_TUN | libc::IFF_NO_PI;
+        if vnet {
+            flags |= libc::IFF_VNET_HDR;
+        }
+        req.ifr_ifru.ifru_flags = flags as libc::c_short;
         // SAFETY: TUNSETIFF takes a pointer to ifreq.
         cvt(unsafe { libc::ioctl(fd.as_raw_fd(), libc::TUNSETIFF as _, &mut req) })?;
         // SAFETY: the kernel wrote a NUL-terminated name into ifr_name.
         let actual = unsafe { CStr::from_ptr(req.ifr_name.as_ptr()) }
             .to_string_lossy()
             .into_owned();
-        let tun = Tun { fd, name: actual };
-        tun.set_mtu(DEFAULT_MTU)?;
-        Ok(tun)
+        Ok(Tun {
+            fd,
+            name: actual,
+            vnet,
+        })
+    }
+
+    /// Whether packets carry a vnet header (offloads are on).
+    pub fn has_vnet_hdr(&self) -> bool {
+        self.vnet
     }
 
     pub fn name(&self) -> &str {
@@ -96,7 +141,27 @@ impl Tun {
         cvt_size(unsafe { libc::read(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) })
     }
 
-    /// Writes one packet.
+    /// Writes the packet at `buf[start..start + len]`. With a vnet header, the
+    /// `VNET_HDR_LEN` bytes before `start` are overwritten with an empty header (no
+    /// offload requested), so callers keep that much headroom.
+    pub fn write_packet(&self, buf: &mut [u8], start: usize, len: usize) -> io::Result<usize> {
+        if self.vnet {
+            let h = start
+                .checked_sub(crate::offload::VNET_HDR_LEN)
+                .ok_or_else(|| {
+                    io::Error::new(
+                        io::ErrorKind::InvalidInput,
+                        "no headroom for the vnet header",
+                    )
+                })?;
+            buf[h..start].fill(0);
+            self.write(&buf[h..start + len])
+        } else {
+            self.write(&buf[start..start + len])
+        }
+    }
+
+    /// Writes one buffer as it is.
     pub fn write(&self, pkt: &[u8]) -> io::Result<usize> {
         // SAFETY: pkt is valid for reads of pkt.len() bytes.
         cvt_size(unsafe { libc::write(self.fd.as_raw_fd(), pkt.as_ptr().cast(), pkt.len()) })

@@ -73,6 +73,7 @@ fn worker(dev: &Device) {
 }
 
 fn tun_reader(dev: &Device) {
+    let mut scratch = vec![0u8; stages::tun_read::SCRATCH_LEN];
     while !dev.stopping() {
         match wait_readable(dev.tun.fd(), &dev.waker, -1) {
             Ok(Ready::Readable) => {}
@@ -80,7 +81,7 @@ fn tun_reader(dev: &Device) {
             Ok(Ready::Woken) => return,
             Err(e) => return dev.fail(format!("polling the TUN device failed: {e}")),
         }
-        match stages::tun_read::read_batch(dev) {
+        match stages::tun_read::read_batch(dev, &mut scratch) {
             Ok(packets) => {
                 for (peer, group) in stages::route::route(dev, packets) {
                     stages::nonce::assign_and_enqueue(dev, &peer, group);

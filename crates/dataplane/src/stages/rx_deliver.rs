@@ -15,7 +15,7 @@ pub fn deliver(dev: &Device, peer: &Arc<Peer>) {
         if peer.is_removed() {
             return;
         }
-        let body = batch.body();
+        let mut body = batch.body();
         let mut last_src = None;
         let mut any_data = false;
         let mut to_write: Vec<(usize, usize)> = Vec::with_capacity(body.packets.len());
@@ -49,9 +49,8 @@ pub fn deliver(dev: &Device, peer: &Arc<Peer>) {
         }
         let table = dev.table();
         for (i, _) in to_write {
-            let p = &body.packets[i];
-            let plain = p.plaintext();
-            let Some(h) = inner::parse(plain) else {
+            let p = &mut body.packets[i];
+            let Some(h) = inner::parse(p.plaintext()) else {
                 dev.stats.rx_bad_inner.fetch_add(1, Ordering::Relaxed);
                 continue;
             };
@@ -60,7 +59,7 @@ pub fn deliver(dev: &Device, peer: &Arc<Peer>) {
                 continue;
             }
             // Padding beyond the header's length is not part of the packet.
-            let _ = dev.tun.write(&plain[..h.total_len]);
+            let _ = dev.tun.write_packet(&mut p.buf, HEADROOM, h.total_len);
         }
     });
     dev.stats.record_serial_run(handled);

@@ -1,32 +1,46 @@
-//! Stage TX-1, tun read. Input: the TUN device. Output: a vector of plaintext packets
-//! in the order the kernel handed them to us. Runs on one reader at a time per queue.
+//! Stage TX-1, tun read. Input: the TUN device. Output: a vector of plaintext IP
+//! packets in the order the kernel handed them to us. With offloads on, TCP
+//! super-packets are split into MTU-sized segments here (checksums completed), so every
+//! later stage sees ordinary packets. Runs on one reader at a time per queue.
 
 use crate::device::Device;
-use crate::packet::{Packet, MAX_BATCH};
+use crate::packet::{Packet, HEADROOM, MAX_BATCH};
 use std::io;
+use std::sync::atomic::Ordering;
+use wirelane_io::offload::{split, VnetHdr, VNET_HDR_LEN};
 
-/// Reads up to [`MAX_BATCH`] packets without blocking. An empty result means the TUN
-/// had nothing queued; an error other than `WouldBlock` means the TUN is gone.
-pub fn read_batch(dev: &Device) -> io::Result<Vec<Packet>> {
+/// Scratch space for one read: the largest super-packet plus its vnet header.
+pub const SCRATCH_LEN: usize = 65536 + VNET_HDR_LEN;
+
+/// Reads until about [`MAX_BATCH`] packets are gathered, without blocking. An empty
+/// result means the TUN had nothing queued; an error other than `WouldBlock` means the
+/// TUN is gone.
+pub fn read_batch(dev: &Device, scratch: &mut [u8]) -> io::Result<Vec<Packet>> {
     let mut out = Vec::new();
-    let cap = dev.mtu().max(576);
+    let vnet = dev.tun.has_vnet_hdr();
     while out.len() < MAX_BATCH {
-        let mut p = Packet::with_capacity(cap);
-        let room = crate::packet::HEADROOM..crate::packet::HEADROOM + cap;
-        match dev.tun.read(&mut p.buf[room]) {
+        let n = match dev.tun.read(scratch) {
             Ok(0) => break,
-            Ok(n) => {
-                p.len = n;
-                out.push(p);
-            }
+            Ok(n) => n,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => {
-                if out.is_empty() {
-                    return Err(e);
-                }
-                break;
-            }
+            Err(e) if out.is_empty() => return Err(e),
+            Err(_) => break,
+        };
+        let mut push = |seg: &[u8]| {
+            let mut p = Packet::with_capacity(seg.len());
+            p.buf[HEADROOM..HEADROOM + seg.len()].copy_from_slice(seg);
+            p.len = seg.len();
+            out.push(p);
+        };
+        if !vnet {
+            push(&scratch[..n]);
+            continue;
+        }
+        let split_ok = VnetHdr::parse(&scratch[..n])
+            .is_some_and(|hdr| split(&hdr, &mut scratch[VNET_HDR_LEN..n], &mut push).is_ok());
+        if !split_ok {
+            dev.stats.tx_dropped.fetch_add(1, Ordering::Relaxed);
         }
     }
     Ok(out)
