@@ -14,7 +14,8 @@
 use crate::packet::Batch;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 /// Most packets one peer may have queued per direction (the kernel's
 /// MAX_QUEUED_PACKETS); beyond it new batches are dropped, never older ones.
@@ -23,6 +24,8 @@ pub const MAX_QUEUED_PACKETS: usize = 1024;
 #[derive(Default)]
 pub struct OrderedQueue {
     batches: Mutex<VecDeque<Arc<Batch>>>,
+    /// Signalled whenever batches leave, for producers waiting for room.
+    room: Condvar,
     packets: AtomicUsize,
     scheduled: AtomicBool,
 }
@@ -39,6 +42,27 @@ impl OrderedQueue {
         true
     }
 
+    /// Waits (at most `timeout`) until `npackets` more fit. Only I/O reader threads call
+    /// this, never workers: a worker waiting here could block the very drain it waits
+    /// for. Waiting instead of dropping is the backpressure that keeps TCP from seeing
+    /// losses that are only a full queue.
+    pub fn wait_for_room(&self, npackets: usize, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut q = self.batches.lock().unwrap_or_else(|p| p.into_inner());
+        while self.packets.load(Ordering::Relaxed) + npackets > MAX_QUEUED_PACKETS {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            q = self
+                .room
+                .wait_timeout(q, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        true
+    }
+
     /// Claims the right to run the serial stage. True means the caller must queue one
     /// serial-stage work item for this queue.
     pub fn schedule(&self) -> bool {
@@ -50,6 +74,7 @@ impl OrderedQueue {
         if q.front().is_some_and(|b| b.is_done()) {
             let b = q.pop_front()?;
             self.packets.fetch_sub(b.len(), Ordering::Relaxed);
+            self.room.notify_all();
             Some(b)
         } else {
             None
@@ -86,6 +111,7 @@ impl OrderedQueue {
         let mut q = self.batches.lock().unwrap_or_else(|p| p.into_inner());
         q.clear();
         self.packets.store(0, Ordering::Relaxed);
+        self.room.notify_all();
     }
 
     pub fn queued_packets(&self) -> usize {

@@ -166,6 +166,145 @@ pub fn split(hdr: &VnetHdr, pkt: &mut [u8], mut emit: impl FnMut(&[u8])) -> Resu
     Ok(())
 }
 
+/// What coalescing needs from an IP+TCP header.
+#[derive(Debug, Clone, Copy)]
+struct TcpSeg {
+    v6: bool,
+    ip_hlen: usize,
+    tcp_hlen: usize,
+    payload: usize,
+    seq: u32,
+    flags: u8,
+}
+
+const ACK: u8 = 0x10;
+const PSH: u8 = 0x08;
+
+fn tcp_seg(p: &[u8]) -> Option<TcpSeg> {
+    let (v6, ip_hlen) = match p.first()? >> 4 {
+        // IPv4 without options, not a fragment, carrying TCP.
+        4 if p.len() >= 40
+            && p[0] & 0x0f == 5
+            && p[9] == 6
+            && u16::from_be_bytes([p[6], p[7]]) & 0x3fff == 0 =>
+        {
+            (false, 20)
+        }
+        // IPv6 with TCP directly after the fixed header.
+        6 if p.len() >= 60 && p[6] == 6 => (true, 40),
+        _ => return None,
+    };
+    let tcp_hlen = ((p[ip_hlen + 12] >> 4) as usize) * 4;
+    if tcp_hlen < 20 || ip_hlen + tcp_hlen > p.len() {
+        return None;
+    }
+    Some(TcpSeg {
+        v6,
+        ip_hlen,
+        tcp_hlen,
+        payload: p.len() - ip_hlen - tcp_hlen,
+        seq: u32::from_be_bytes([
+            p[ip_hlen + 4],
+            p[ip_hlen + 5],
+            p[ip_hlen + 6],
+            p[ip_hlen + 7],
+        ]),
+        flags: p[ip_hlen + 13],
+    })
+}
+
+/// Whether `b` belongs to the same flow as `a` with identical headers apart from the
+/// fields that differ between segments (lengths, IDs, checksums, sequence, PSH).
+fn same_headers(a: &[u8], sa: &TcpSeg, b: &[u8], sb: &TcpSeg) -> bool {
+    if sa.v6 != sb.v6 || sa.tcp_hlen != sb.tcp_hlen {
+        return false;
+    }
+    let ip_same = if sa.v6 {
+        a[..4] == b[..4] && a[6..40] == b[6..40] // class, flow, next header, hop limit, addresses
+    } else {
+        a[1] == b[1] && a[6] & 0x40 == b[6] & 0x40 && a[8..10] == b[8..10] && a[12..20] == b[12..20]
+    };
+    let (ta, tb) = (&a[sa.ip_hlen..], &b[sb.ip_hlen..]);
+    ip_same
+        && ta[..4] == tb[..4] // ports
+        && ta[8..12] == tb[8..12] // acknowledgement number
+        && ta[14..16] == tb[14..16] // window
+        && ta[20..sa.tcp_hlen] == tb[20..sb.tcp_hlen] // options
+        && sb.flags & !PSH == ACK
+}
+
+/// Writes `segs` (complete IP packets, in order) to `emit` with a vnet header in
+/// front, merging runs of consecutive TCP segments of one flow into a single GSO
+/// super-packet the kernel accepts as if its own GRO had built it. Anything else goes
+/// out one by one with an empty header. `scratch` is reused between calls.
+pub fn coalesce(segs: &[&[u8]], scratch: &mut Vec<u8>, mut emit: impl FnMut(&[u8])) {
+    let mut i = 0;
+    while i < segs.len() {
+        let first = segs[i];
+        let mut j = i + 1;
+        let head = tcp_seg(first).filter(|f| f.payload > 0 && f.flags == ACK);
+        if let Some(f) = head {
+            let (mut total, mut next_seq) = (first.len(), f.seq.wrapping_add(f.payload as u32));
+            while j < segs.len() {
+                let Some(n) = tcp_seg(segs[j]) else { break };
+                let fits = total + n.payload <= 65535;
+                if !(fits
+                    && n.seq == next_seq
+                    && n.payload > 0
+                    && n.payload <= f.payload
+                    && same_headers(first, &f, segs[j], &n))
+                {
+                    break;
+                }
+                total += n.payload;
+                next_seq = next_seq.wrapping_add(n.payload as u32);
+                j += 1;
+                // A short or pushed segment ends a super-packet, as in the kernel's GRO.
+                if n.payload < f.payload || n.flags & PSH != 0 {
+                    break;
+                }
+            }
+            if j - i > 1 {
+                build_super(&segs[i..j], &f, total, scratch);
+                emit(scratch);
+                i = j;
+                continue;
+            }
+        }
+        scratch.clear();
+        scratch.resize(VNET_HDR_LEN, 0);
+        scratch.extend_from_slice(first);
+        emit(scratch);
+        i += 1;
+    }
+}
+
+fn build_super(run: &[&[u8]], f: &TcpSeg, total: usize, out: &mut Vec<u8>) {
+    let hlen = f.ip_hlen + f.tcp_hlen;
+    out.clear();
+    out.push(F_NEEDS_CSUM);
+    out.push(if f.v6 { GSO_TCPV6 } else { GSO_TCPV4 });
+    for v in [hlen, f.payload, f.ip_hlen, 16] {
+        out.extend_from_slice(&(v as u16).to_le_bytes());
+    }
+    out.extend_from_slice(&run[0][..hlen]);
+    for s in run {
+        out.extend_from_slice(&s[hlen..]);
+    }
+    let last_flags = run[run.len() - 1][f.ip_hlen + 13];
+    let p = &mut out[VNET_HDR_LEN..];
+    if f.v6 {
+        p[4..6].copy_from_slice(&((total - 40) as u16).to_be_bytes());
+    } else {
+        p[2..4].copy_from_slice(&(total as u16).to_be_bytes());
+        ipv4_header_checksum(p, 20);
+    }
+    p[f.ip_hlen + 13] |= last_flags & PSH;
+    // The checksum field holds the pseudo-header sum, as for CHECKSUM_PARTIAL.
+    let pseudo = !finish(pseudo_sum(p, 6, total - f.ip_hlen));
+    p[f.ip_hlen + 16..f.ip_hlen + 18].copy_from_slice(&pseudo.to_be_bytes());
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -307,5 +446,77 @@ mod tests {
             ..hdr
         };
         assert_eq!(split(&v6_claim, &mut p, |_| {}), Err(SplitError::Malformed));
+    }
+
+    fn split_all(super_pkt: &[u8]) -> Vec<Vec<u8>> {
+        let hdr = VnetHdr::parse(super_pkt).unwrap();
+        let mut body = super_pkt[VNET_HDR_LEN..].to_vec();
+        let mut out = Vec::new();
+        split(&hdr, &mut body, |s| out.push(s.to_vec())).unwrap();
+        out
+    }
+
+    fn segments(v6: bool, payload: usize, flags: u8) -> Vec<Vec<u8>> {
+        let mut p = super_packet(v6, payload, flags);
+        let l4 = if v6 { 40 } else { 20 };
+        let hdr = VnetHdr {
+            flags: F_NEEDS_CSUM,
+            gso_type: if v6 { GSO_TCPV6 } else { GSO_TCPV4 },
+            hdr_len: (l4 + 20) as u16,
+            gso_size: 1360,
+            csum_start: l4 as u16,
+            csum_offset: 16,
+        };
+        let mut segs = Vec::new();
+        split(&hdr, &mut p, |s| segs.push(s.to_vec())).unwrap();
+        segs
+    }
+
+    #[test]
+    fn coalesce_then_split_is_identity() {
+        for v6 in [false, true] {
+            let segs = segments(v6, 10_000, ACK | PSH);
+            assert_eq!(segs.len(), 8);
+            let refs: Vec<&[u8]> = segs.iter().map(Vec::as_slice).collect();
+            let mut out = Vec::new();
+            let mut scratch = Vec::new();
+            coalesce(&refs, &mut scratch, |b| out.push(b.to_vec()));
+            assert_eq!(out.len(), 1, "one super-packet");
+            let hdr = VnetHdr::parse(&out[0]).unwrap();
+            assert_eq!(hdr.gso_size, 1360);
+            assert_eq!(split_all(&out[0]), segs);
+        }
+    }
+
+    #[test]
+    fn coalesce_keeps_what_cannot_merge_apart() {
+        let mut segs = segments(false, 4000, ACK);
+        // A gap in the sequence: the third segment cannot follow the first.
+        segs.remove(1);
+        // A different flow in between, and a non-TCP packet.
+        let mut other = segs[0].clone();
+        other[20] ^= 1; // source port
+        let udp = {
+            let mut u = vec![0u8; 48];
+            u[0] = 0x45;
+            u[2..4].copy_from_slice(&48u16.to_be_bytes());
+            u[9] = 17;
+            u
+        };
+        let refs: Vec<&[u8]> = vec![&segs[0], &other, &udp, &segs[1]];
+        let mut out = Vec::new();
+        coalesce(&refs, &mut Vec::new(), |b| out.push(b.to_vec()));
+        assert_eq!(out.len(), 4);
+        for (o, s) in out.iter().zip(&refs) {
+            assert_eq!(&o[..VNET_HDR_LEN], &[0u8; VNET_HDR_LEN]);
+            assert_eq!(&o[VNET_HDR_LEN..], *s);
+        }
+        // Two consecutive segments then a gap: two merge, the rest stands alone.
+        let all = segments(true, 5440, ACK);
+        let refs: Vec<&[u8]> = vec![&all[0], &all[1], &all[3]];
+        let mut out = Vec::new();
+        coalesce(&refs, &mut Vec::new(), |b| out.push(b.to_vec()));
+        assert_eq!(out.len(), 2);
+        assert_eq!(split_all(&out[0]), all[..2].to_vec());
     }
 }

@@ -141,26 +141,6 @@ impl Tun {
         cvt_size(unsafe { libc::read(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) })
     }
 
-    /// Writes the packet at `buf[start..start + len]`. With a vnet header, the
-    /// `VNET_HDR_LEN` bytes before `start` are overwritten with an empty header (no
-    /// offload requested), so callers keep that much headroom.
-    pub fn write_packet(&self, buf: &mut [u8], start: usize, len: usize) -> io::Result<usize> {
-        if self.vnet {
-            let h = start
-                .checked_sub(crate::offload::VNET_HDR_LEN)
-                .ok_or_else(|| {
-                    io::Error::new(
-                        io::ErrorKind::InvalidInput,
-                        "no headroom for the vnet header",
-                    )
-                })?;
-            buf[h..start].fill(0);
-            self.write(&buf[h..start + len])
-        } else {
-            self.write(&buf[start..start + len])
-        }
-    }
-
     /// Writes one buffer as it is.
     pub fn write(&self, pkt: &[u8]) -> io::Result<usize> {
         // SAFETY: pkt is valid for reads of pkt.len() bytes.

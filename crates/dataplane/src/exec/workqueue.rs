@@ -6,6 +6,7 @@
 
 use super::Work;
 use crate::device::Device;
+use crate::packet::MAX_BATCH;
 use crate::stages;
 use crossbeam_channel::RecvTimeoutError;
 use std::sync::atomic::Ordering;
@@ -16,6 +17,8 @@ use wirelane_io::poll::{wait_readable, Ready};
 
 /// How often idle loops look at the stop flag when nothing else wakes them.
 const IDLE_CHECK: Duration = Duration::from_millis(200);
+/// Longest a reader waits for room in a peer's queue before dropping.
+const BACKPRESSURE_WAIT: Duration = Duration::from_millis(100);
 /// Timer resolution: well under the 333 ms of handshake jitter.
 const TIMER_TICK: Duration = Duration::from_millis(10);
 
@@ -83,8 +86,15 @@ fn tun_reader(dev: &Device) {
         }
         match stages::tun_read::read_batch(dev, &mut scratch) {
             Ok(packets) => {
-                for (peer, group) in stages::route::route(dev, packets) {
-                    stages::nonce::assign_and_enqueue(dev, &peer, group);
+                for (peer, mut group) in stages::route::route(dev, packets) {
+                    // Backpressure: let the peer's queue drain rather than drop, one
+                    // batch-sized chunk at a time.
+                    while !group.is_empty() {
+                        let rest = group.split_off(group.len().min(MAX_BATCH));
+                        peer.tx_queue.wait_for_room(group.len(), BACKPRESSURE_WAIT);
+                        stages::nonce::assign_and_enqueue(dev, &peer, group);
+                        group = rest;
+                    }
                 }
             }
             // The interface was deleted (e.g. `ip link del`, `wg-quick down`).

@@ -60,6 +60,10 @@ fn dispatch(dev: &Device, index: u32, packets: Vec<Packet>, now: std::time::Dura
             .fetch_add(n as u64, Ordering::Relaxed);
         return;
     };
+    // Called only from UDP reader threads, which may wait: backpressure instead of
+    // dropping authenticated-to-be packets when the peer's queue is full.
+    peer.rx_queue
+        .wait_for_room(n, std::time::Duration::from_millis(100));
     let batch = Batch::new(peer.clone(), kp, packets);
     if peer.rx_queue.push(batch.clone(), n) {
         dev.submit(Work::Decrypt(batch));

@@ -7,15 +7,38 @@ use crate::device::Device;
 use crate::inner;
 use crate::packet::HEADROOM;
 use crate::peer::Peer;
+use std::cell::RefCell;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use wirelane_io::offload;
+
+thread_local! {
+    /// Per-worker buffer for building super-packets (reused, never shrinks).
+    static COALESCE: RefCell<Vec<u8>> = RefCell::new(Vec::with_capacity(offload::VNET_HDR_LEN + 65535));
+}
+
+/// Writes packets to the TUN; with offloads on, runs of one TCP flow become a single
+/// GSO super-packet, so the kernel's TCP sees one large packet instead of dozens.
+fn write_to_tun(dev: &Device, segs: &[&[u8]]) {
+    if !dev.tun.has_vnet_hdr() {
+        for s in segs {
+            let _ = dev.tun.write(s);
+        }
+        return;
+    }
+    COALESCE.with(|scratch| {
+        offload::coalesce(segs, &mut scratch.borrow_mut(), |b| {
+            let _ = dev.tun.write(b);
+        })
+    });
+}
 
 pub fn deliver(dev: &Device, peer: &Arc<Peer>) {
     let handled = peer.rx_queue.drain(|batch| {
         if peer.is_removed() {
             return;
         }
-        let mut body = batch.body();
+        let body = batch.body();
         let mut last_src = None;
         let mut any_data = false;
         let mut to_write: Vec<(usize, usize)> = Vec::with_capacity(body.packets.len());
@@ -48,9 +71,10 @@ pub fn deliver(dev: &Device, peer: &Arc<Peer>) {
             return;
         }
         let table = dev.table();
+        let mut segs: Vec<&[u8]> = Vec::with_capacity(to_write.len());
         for (i, _) in to_write {
-            let p = &mut body.packets[i];
-            let Some(h) = inner::parse(p.plaintext()) else {
+            let plain = body.packets[i].plaintext();
+            let Some(h) = inner::parse(plain) else {
                 dev.stats.rx_bad_inner.fetch_add(1, Ordering::Relaxed);
                 continue;
             };
@@ -59,8 +83,10 @@ pub fn deliver(dev: &Device, peer: &Arc<Peer>) {
                 continue;
             }
             // Padding beyond the header's length is not part of the packet.
-            let _ = dev.tun.write_packet(&mut p.buf, HEADROOM, h.total_len);
+            segs.push(&plain[..h.total_len]);
         }
+        drop(table);
+        write_to_tun(dev, &segs);
     });
     dev.stats.record_serial_run(handled);
 }
