@@ -14,7 +14,14 @@ const SOCKET_BUFFER: libc::c_int = 7 << 20;
 pub struct UdpSocket {
     fd: OwnedFd,
     v6: bool,
+    /// UDP_SEGMENT works on this socket (cleared at the first refusal).
+    gso: std::sync::atomic::AtomicBool,
 }
+
+/// Most segments one GSO send may carry (the kernel's UDP_MAX_SEGMENTS on older kernels).
+pub const GSO_MAX_SEGMENTS: usize = 64;
+/// Most bytes one GSO send may carry.
+pub const GSO_MAX_BYTES: usize = 65507;
 
 fn to_sockaddr(addr: &SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
     // SAFETY: sockaddr_storage is plain data; zero is valid.
@@ -137,7 +144,11 @@ impl UdpSocket {
         let (ss, len) = to_sockaddr(&addr);
         // SAFETY: ss holds a valid sockaddr of length len.
         cvt(unsafe { libc::bind(raw, &ss as *const _ as *const libc::sockaddr, len) })?;
-        Ok(UdpSocket { fd, v6 })
+        Ok(UdpSocket {
+            fd,
+            v6,
+            gso: std::sync::atomic::AtomicBool::new(true),
+        })
     }
 
     pub fn fd(&self) -> RawFd {
@@ -280,6 +291,60 @@ impl UdpSocket {
         }
     }
 
+    /// Whether segmentation offload is (still) believed to work on this socket.
+    pub fn gso_enabled(&self) -> bool {
+        self.gso.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Sends `buf` as datagrams of `segment` bytes each (the last may be shorter) with
+    /// one system call, using UDP_SEGMENT. Returns false, having sent nothing, if the
+    /// kernel refuses segmentation offload; the socket then stops trying it.
+    pub fn send_segmented(&self, buf: &[u8], segment: u16, dst: &SocketAddr) -> io::Result<bool> {
+        let (ss, len) = to_sockaddr(&self.map_destination(dst));
+        // Room for one cmsghdr carrying a u16, aligned as the kernel expects.
+        let mut control = [0u64; 4];
+        let mut iov = libc::iovec { iov_base: buf.as_ptr() as *mut _, iov_len: buf.len() };
+        // SAFETY: zeroed msghdr is valid; every pointer set below refers to live locals.
+        let mut msg: libc::msghdr = unsafe { zeroed() };
+        msg.msg_name = &ss as *const _ as *mut _;
+        msg.msg_namelen = len;
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = control.as_mut_ptr().cast();
+        // SAFETY: CMSG_SPACE is a pure computation.
+        msg.msg_controllen = unsafe { libc::CMSG_SPACE(size_of::<u16>() as u32) } as _;
+        // SAFETY: msg_control points at a zeroed buffer large enough for one cmsg.
+        unsafe {
+            let c = libc::CMSG_FIRSTHDR(&msg);
+            (*c).cmsg_level = libc::SOL_UDP;
+            (*c).cmsg_type = libc::UDP_SEGMENT;
+            (*c).cmsg_len = libc::CMSG_LEN(size_of::<u16>() as u32) as _;
+            std::ptr::write_unaligned(libc::CMSG_DATA(c) as *mut u16, segment);
+        }
+        loop {
+            // SAFETY: msg and everything it points to are valid for the call.
+            let r = unsafe { libc::sendmsg(self.fd(), &msg, 0) };
+            if r >= 0 {
+                return Ok(true);
+            }
+            let e = io::Error::last_os_error();
+            match e.raw_os_error() {
+                Some(libc::EINTR) => continue,
+                Some(libc::EAGAIN) => {
+                    let mut p = libc::pollfd { fd: self.fd(), events: libc::POLLOUT, revents: 0 };
+                    // SAFETY: one valid pollfd.
+                    unsafe { libc::poll(&mut p, 1, 100) };
+                }
+                // No offload on this path or kernel: remember and let the caller fall back.
+                Some(libc::EIO) | Some(libc::EINVAL) | Some(libc::ENOPROTOOPT) | Some(libc::EOPNOTSUPP) => {
+                    self.gso.store(false, std::sync::atomic::Ordering::Relaxed);
+                    return Ok(false);
+                }
+                _ => return Err(e),
+            }
+        }
+    }
+
     /// Sends one datagram.
     pub fn send_to(&self, payload: &[u8], dst: &SocketAddr) -> io::Result<usize> {
         let (ss, len) = to_sockaddr(&self.map_destination(dst));
@@ -325,6 +390,36 @@ mod tests {
         for i in 0..10 {
             assert_eq!(&bufs[i][..lens[i]], payloads[i].as_slice());
             assert_eq!(srcs[i].unwrap().port(), a.local_port().unwrap());
+        }
+    }
+
+    #[test]
+    fn segmented_send_arrives_as_separate_datagrams() {
+        let a = UdpSocket::bind(false, 0).unwrap();
+        let b = UdpSocket::bind(false, 0).unwrap();
+        let dst = SocketAddr::from(([127, 0, 0, 1], b.local_port().unwrap()));
+        let mut buf = Vec::new();
+        for i in 0..5u8 {
+            buf.extend(std::iter::repeat(i).take(if i == 4 { 300 } else { 1000 }));
+        }
+        if !a.send_segmented(&buf, 1000, &dst).unwrap() {
+            assert!(!a.gso_enabled());
+            return; // Kernel without UDP GSO: the fallback path is what callers use.
+        }
+        let mut bufs = vec![vec![0u8; 2048]; 8];
+        let mut lens = [0; 8];
+        let mut srcs = [None; 8];
+        let mut got = 0;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        while got < 5 && std::time::Instant::now() < deadline {
+            if let Ok(n) = b.recv_batch(&mut bufs[got..], &mut lens[got..], &mut srcs[got..]) {
+                got += n;
+            }
+        }
+        assert_eq!(got, 5);
+        for i in 0..5 {
+            assert_eq!(lens[i], if i == 4 { 300 } else { 1000 });
+            assert!(bufs[i][..lens[i]].iter().all(|x| *x == i as u8));
         }
     }
 }

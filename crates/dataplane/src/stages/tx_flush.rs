@@ -1,11 +1,66 @@
 //! Stage TX-5, per-peer ordered flush. Input: the peer's TX queue. Output: every sealed
-//! batch at its head sent to the peer's endpoint in queue order (sendmmsg), then timer
-//! bookkeeping. Runs as one work item per peer at a time (see `OrderedQueue`).
+//! batch at its head sent to the peer's endpoint in queue order, then timer
+//! bookkeeping. Runs of equal-sized datagrams go out as one UDP GSO send (UDP_SEGMENT);
+//! where the kernel refuses that, sendmmsg. Runs as one work item per peer at a time
+//! (see `OrderedQueue`).
 
 use crate::device::Device;
 use crate::peer::Peer;
 use std::sync::atomic::Ordering;
+use std::cell::RefCell;
+use std::net::SocketAddr;
 use std::sync::Arc;
+use wirelane_io::udp::{UdpSocket, GSO_MAX_BYTES, GSO_MAX_SEGMENTS};
+
+thread_local! {
+    /// Per-worker buffer that GSO sends are assembled in.
+    static GSO_BUF: RefCell<Vec<u8>> = RefCell::new(Vec::with_capacity(GSO_MAX_BYTES));
+}
+
+/// Sends datagrams in order; returns how many left. Consecutive datagrams of one size
+/// (the last of a run may be shorter) share one GSO send.
+fn send_all(sock: &UdpSocket, dgrams: &[&[u8]], ep: SocketAddr) -> usize {
+    let mut sent = 0;
+    GSO_BUF.with(|buf| {
+        let mut buf = buf.borrow_mut();
+        let mut i = 0;
+        while i < dgrams.len() {
+            if !sock.gso_enabled() {
+                let rest: Vec<(&[u8], SocketAddr)> = dgrams[i..].iter().map(|d| (*d, ep)).collect();
+                sent += sock.send_batch(&rest).unwrap_or(0);
+                return;
+            }
+            let seg = dgrams[i].len();
+            let mut j = i;
+            buf.clear();
+            while j < dgrams.len()
+                && j - i < GSO_MAX_SEGMENTS
+                && dgrams[j].len() <= seg
+                && buf.len() + dgrams[j].len() <= GSO_MAX_BYTES
+            {
+                buf.extend_from_slice(dgrams[j]);
+                j += 1;
+                if dgrams[j - 1].len() < seg {
+                    break; // Only the last segment of a send may be short.
+                }
+            }
+            let ok = if j - i == 1 {
+                sock.send_to(dgrams[i], &ep).is_ok()
+            } else {
+                match sock.send_segmented(&buf, seg as u16, &ep) {
+                    Ok(true) => true,
+                    Ok(false) => continue, // GSO refused: the loop falls back above.
+                    Err(_) => false,
+                }
+            };
+            if ok {
+                sent += j - i;
+            }
+            i = j;
+        }
+    });
+    sent
+}
 
 pub fn flush(dev: &Device, peer: &Arc<Peer>) {
     let mut sent_data = false;
@@ -21,23 +76,17 @@ pub fn flush(dev: &Device, peer: &Arc<Peer>) {
             return;
         };
         let body = batch.body();
-        let msgs: Vec<(&[u8], std::net::SocketAddr)> = body
-            .packets
-            .iter()
-            .filter(|p| p.ok)
-            .map(|p| (&p.buf[..p.len], ep))
-            .collect();
+        let dgrams: Vec<&[u8]> = body.packets.iter().filter(|p| p.ok).map(|p| &p.buf[..p.len]).collect();
         let sockets = dev.sockets();
         let Some(sock) = sockets.for_destination(&ep) else {
             return;
         };
-        if let Ok(n) = sock.send_batch(&msgs) {
-            let bytes: usize = msgs[..n].iter().map(|(b, _)| b.len()).sum();
-            peer.tx_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
-            sent_any |= n > 0;
-            // A keepalive is a transport message carrying only the 16-byte tag.
-            sent_data |= msgs[..n].iter().any(|(b, _)| b.len() > 32);
-        }
+        let n = send_all(sock, &dgrams, ep);
+        let bytes: usize = dgrams[..n].iter().map(|b| b.len()).sum();
+        peer.tx_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
+        sent_any |= n > 0;
+        // A keepalive is a transport message carrying only the 16-byte tag.
+        sent_data |= dgrams[..n].iter().any(|b| b.len() > 32);
     });
     dev.stats.record_serial_run(handled);
     if sent_any {
