@@ -16,7 +16,12 @@ pub struct UdpSocket {
     v6: bool,
     /// UDP_SEGMENT works on this socket (cleared at the first refusal).
     gso: std::sync::atomic::AtomicBool,
+    /// UDP_GRO is on: one received buffer may hold several datagrams.
+    gro: bool,
 }
+
+/// `UDP_GRO` from linux/udp.h (not exported by libc for glibc targets).
+const UDP_GRO: libc::c_int = 104;
 
 /// Most segments one GSO send may carry (the kernel's UDP_MAX_SEGMENTS on older kernels).
 pub const GSO_MAX_SEGMENTS: usize = 64;
@@ -144,10 +149,13 @@ impl UdpSocket {
         let (ss, len) = to_sockaddr(&addr);
         // SAFETY: ss holds a valid sockaddr of length len.
         cvt(unsafe { libc::bind(raw, &ss as *const _ as *const libc::sockaddr, len) })?;
+        // Receive coalescing is optional: without it every datagram arrives alone.
+        let gro = setsockopt_int(raw, libc::SOL_UDP, UDP_GRO, 1).is_ok();
         Ok(UdpSocket {
             fd,
             v6,
             gso: std::sync::atomic::AtomicBool::new(true),
+            gro,
         })
     }
 
@@ -186,19 +194,29 @@ impl UdpSocket {
         )
     }
 
-    /// Receives up to `bufs.len()` datagrams. Fills `lens` and `srcs` for each one
-    /// received and returns the count; `WouldBlock` when nothing is queued.
+    /// Whether received buffers may hold several coalesced datagrams.
+    pub fn gro_enabled(&self) -> bool {
+        self.gro
+    }
+
+    /// Receives up to `bufs.len()` buffers. Fills `lens`, `srcs` and `segs` for each one
+    /// received and returns the count; `WouldBlock` when nothing is queued. `segs[i]`
+    /// is the datagram size when the kernel coalesced several datagrams of that size
+    /// (the last may be shorter) into buffer i, and 0 otherwise.
     pub fn recv_batch(
         &self,
         bufs: &mut [Vec<u8>],
         lens: &mut [usize],
         srcs: &mut [Option<SocketAddr>],
+        segs: &mut [usize],
     ) -> io::Result<usize> {
-        let n = bufs.len().min(lens.len()).min(srcs.len());
+        let n = bufs.len().min(lens.len()).min(srcs.len()).min(segs.len());
         // SAFETY: all-zero iovec/mmsghdr/sockaddr_storage are valid initial values.
         let mut iovs: Vec<libc::iovec> = vec![unsafe { zeroed() }; n];
         let mut names: Vec<libc::sockaddr_storage> = vec![unsafe { zeroed() }; n];
         let mut hdrs: Vec<libc::mmsghdr> = vec![unsafe { zeroed() }; n];
+        // One cmsg buffer per message, u64-aligned, big enough for a UDP_GRO int.
+        let mut controls: Vec<[u64; 4]> = vec![[0; 4]; n];
         for i in 0..n {
             iovs[i] = libc::iovec {
                 iov_base: bufs[i].as_mut_ptr().cast(),
@@ -208,6 +226,8 @@ impl UdpSocket {
             hdrs[i].msg_hdr.msg_namelen = size_of::<libc::sockaddr_storage>() as _;
             hdrs[i].msg_hdr.msg_iov = &mut iovs[i];
             hdrs[i].msg_hdr.msg_iovlen = 1;
+            hdrs[i].msg_hdr.msg_control = controls[i].as_mut_ptr().cast();
+            hdrs[i].msg_hdr.msg_controllen = size_of::<[u64; 4]>() as _;
         }
         // SAFETY: every header points at live buffers owned by this frame or `bufs`,
         // which outlive the call.
@@ -223,6 +243,19 @@ impl UdpSocket {
         for i in 0..got {
             lens[i] = hdrs[i].msg_len as usize;
             srcs[i] = from_sockaddr(&names[i]);
+            segs[i] = 0;
+            // SAFETY: the kernel filled msg_control/msg_controllen; the CMSG macros walk
+            // only within that buffer.
+            unsafe {
+                let mut c = libc::CMSG_FIRSTHDR(&hdrs[i].msg_hdr);
+                while !c.is_null() {
+                    if (*c).cmsg_level == libc::SOL_UDP && (*c).cmsg_type == UDP_GRO {
+                        let v = std::ptr::read_unaligned(libc::CMSG_DATA(c) as *const libc::c_int);
+                        segs[i] = v.max(0) as usize;
+                    }
+                    c = libc::CMSG_NXTHDR(&hdrs[i].msg_hdr, c);
+                }
+            }
         }
         Ok(got)
     }
@@ -303,7 +336,10 @@ impl UdpSocket {
         let (ss, len) = to_sockaddr(&self.map_destination(dst));
         // Room for one cmsghdr carrying a u16, aligned as the kernel expects.
         let mut control = [0u64; 4];
-        let mut iov = libc::iovec { iov_base: buf.as_ptr() as *mut _, iov_len: buf.len() };
+        let mut iov = libc::iovec {
+            iov_base: buf.as_ptr() as *mut _,
+            iov_len: buf.len(),
+        };
         // SAFETY: zeroed msghdr is valid; every pointer set below refers to live locals.
         let mut msg: libc::msghdr = unsafe { zeroed() };
         msg.msg_name = &ss as *const _ as *mut _;
@@ -331,12 +367,19 @@ impl UdpSocket {
             match e.raw_os_error() {
                 Some(libc::EINTR) => continue,
                 Some(libc::EAGAIN) => {
-                    let mut p = libc::pollfd { fd: self.fd(), events: libc::POLLOUT, revents: 0 };
+                    let mut p = libc::pollfd {
+                        fd: self.fd(),
+                        events: libc::POLLOUT,
+                        revents: 0,
+                    };
                     // SAFETY: one valid pollfd.
                     unsafe { libc::poll(&mut p, 1, 100) };
                 }
                 // No offload on this path or kernel: remember and let the caller fall back.
-                Some(libc::EIO) | Some(libc::EINVAL) | Some(libc::ENOPROTOOPT) | Some(libc::EOPNOTSUPP) => {
+                Some(libc::EIO)
+                | Some(libc::EINVAL)
+                | Some(libc::ENOPROTOOPT)
+                | Some(libc::EOPNOTSUPP) => {
                     self.gso.store(false, std::sync::atomic::Ordering::Relaxed);
                     return Ok(false);
                 }
@@ -377,10 +420,16 @@ mod tests {
         let mut bufs = vec![vec![0u8; 2048]; 16];
         let mut lens = [0; 16];
         let mut srcs = [None; 16];
+        let mut segs = [0; 16];
         let mut got = 0;
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
         while got < 10 && std::time::Instant::now() < deadline {
-            match b.recv_batch(&mut bufs[got..], &mut lens[got..], &mut srcs[got..]) {
+            match b.recv_batch(
+                &mut bufs[got..],
+                &mut lens[got..],
+                &mut srcs[got..],
+                &mut segs[got..],
+            ) {
                 Ok(n) => got += n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::thread::yield_now(),
                 Err(e) => panic!("{e}"),
@@ -400,26 +449,31 @@ mod tests {
         let dst = SocketAddr::from(([127, 0, 0, 1], b.local_port().unwrap()));
         let mut buf = Vec::new();
         for i in 0..5u8 {
-            buf.extend(std::iter::repeat(i).take(if i == 4 { 300 } else { 1000 }));
+            buf.extend(std::iter::repeat_n(i, if i == 4 { 300 } else { 1000 }));
         }
         if !a.send_segmented(&buf, 1000, &dst).unwrap() {
             assert!(!a.gso_enabled());
             return; // Kernel without UDP GSO: the fallback path is what callers use.
         }
-        let mut bufs = vec![vec![0u8; 2048]; 8];
+        let mut bufs = vec![vec![0u8; 65536]; 8];
         let mut lens = [0; 8];
         let mut srcs = [None; 8];
-        let mut got = 0;
+        let mut segs = [0; 8];
+        // With UDP_GRO the five may arrive as one coalesced buffer; split them back.
+        let mut dgrams: Vec<Vec<u8>> = Vec::new();
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
-        while got < 5 && std::time::Instant::now() < deadline {
-            if let Ok(n) = b.recv_batch(&mut bufs[got..], &mut lens[got..], &mut srcs[got..]) {
-                got += n;
+        while dgrams.len() < 5 && std::time::Instant::now() < deadline {
+            if let Ok(n) = b.recv_batch(&mut bufs, &mut lens, &mut srcs, &mut segs) {
+                for i in 0..n {
+                    let step = if segs[i] > 0 { segs[i] } else { lens[i] };
+                    dgrams.extend(bufs[i][..lens[i]].chunks(step).map(<[u8]>::to_vec));
+                }
             }
         }
-        assert_eq!(got, 5);
-        for i in 0..5 {
-            assert_eq!(lens[i], if i == 4 { 300 } else { 1000 });
-            assert!(bufs[i][..lens[i]].iter().all(|x| *x == i as u8));
+        assert_eq!(dgrams.len(), 5);
+        for (i, d) in dgrams.iter().enumerate() {
+            assert_eq!(d.len(), if i == 4 { 300 } else { 1000 });
+            assert!(d.iter().all(|x| *x == i as u8));
         }
     }
 }

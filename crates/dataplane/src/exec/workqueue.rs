@@ -119,6 +119,7 @@ fn udp_reader(dev: &Device, v6: bool) {
             let _ = wait_readable(dev.waker.fd(), &dev.waker, IDLE_CHECK.as_millis() as i32);
             continue;
         };
+        let mut scratch = stages::udp_recv::RecvScratch::new(sock.gro_enabled());
         while dev.sockets_generation.load(Ordering::SeqCst) == generation {
             match wait_readable(sock.fd(), &dev.waker, IDLE_CHECK.as_millis() as i32) {
                 Ok(Ready::Readable) => {}
@@ -126,7 +127,7 @@ fn udp_reader(dev: &Device, v6: bool) {
                 Ok(Ready::Woken) => return,
                 Err(e) => return dev.fail(format!("polling the UDP socket failed: {e}")),
             }
-            match stages::udp_recv::recv_batch(dev, &sock) {
+            match stages::udp_recv::recv_batch(dev, &sock, &mut scratch) {
                 Ok(packets) => stages::classify::classify(dev, packets),
                 Err(e) => tracing::warn!(error = %e, "UDP receive failed"),
             }

@@ -6,9 +6,9 @@
 
 use crate::device::Device;
 use crate::peer::Peer;
-use std::sync::atomic::Ordering;
 use std::cell::RefCell;
 use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use wirelane_io::udp::{UdpSocket, GSO_MAX_BYTES, GSO_MAX_SEGMENTS};
 
@@ -76,7 +76,12 @@ pub fn flush(dev: &Device, peer: &Arc<Peer>) {
             return;
         };
         let body = batch.body();
-        let dgrams: Vec<&[u8]> = body.packets.iter().filter(|p| p.ok).map(|p| &p.buf[..p.len]).collect();
+        let dgrams: Vec<&[u8]> = body
+            .packets
+            .iter()
+            .filter(|p| p.ok)
+            .map(|p| &p.buf[..p.len])
+            .collect();
         let sockets = dev.sockets();
         let Some(sock) = sockets.for_destination(&ep) else {
             return;

@@ -1,35 +1,63 @@
 //! Stage RX-1, udp recv. Input: one UDP socket. Output: a vector of datagrams with
-//! their sources, in arrival order (recvmmsg).
+//! their sources, in arrival order (recvmmsg). With UDP GRO the kernel may hand over
+//! several datagrams of one flow in one buffer; they are split apart here, so later
+//! stages always see single datagrams.
 
 use crate::device::Device;
 use crate::packet::{Packet, HEADROOM, MAX_BATCH, TAILROOM};
 use std::io;
+use std::net::SocketAddr;
 use wirelane_io::udp::UdpSocket;
 
-/// Receives what is queued on `sock`, up to one batch, without blocking.
-pub fn recv_batch(dev: &Device, sock: &UdpSocket) -> io::Result<Vec<Packet>> {
-    // Big enough for a full-MTU transport message; larger datagrams are truncated by the
-    // kernel and then fail authentication, which is the right outcome for them.
-    let size = dev.mtu().max(1280) + HEADROOM + TAILROOM;
-    let mut bufs: Vec<Vec<u8>> = (0..MAX_BATCH).map(|_| vec![0u8; size]).collect();
-    let mut lens = [0usize; MAX_BATCH];
-    let mut srcs = [None; MAX_BATCH];
-    let n = match sock.recv_batch(&mut bufs, &mut lens, &mut srcs) {
+/// Receive buffers of one reader thread, allocated once.
+pub struct RecvScratch {
+    bufs: Vec<Vec<u8>>,
+    lens: [usize; MAX_BATCH],
+    srcs: [Option<SocketAddr>; MAX_BATCH],
+    segs: [usize; MAX_BATCH],
+}
+
+impl RecvScratch {
+    pub fn new(gro: bool) -> RecvScratch {
+        // A coalesced buffer can be as large as a UDP datagram; a single one as large as
+        // a full-MTU transport message (larger ones are truncated and then fail
+        // authentication, which is the right outcome for them).
+        let size = if gro { 65536 } else { 9216 };
+        let count = if gro { MAX_BATCH / 4 } else { MAX_BATCH };
+        RecvScratch {
+            bufs: (0..count).map(|_| vec![0u8; size]).collect(),
+            lens: [0; MAX_BATCH],
+            srcs: [None; MAX_BATCH],
+            segs: [0; MAX_BATCH],
+        }
+    }
+}
+
+/// Receives what is queued on `sock`, up to one batch of buffers, without blocking.
+pub fn recv_batch(_dev: &Device, sock: &UdpSocket, s: &mut RecvScratch) -> io::Result<Vec<Packet>> {
+    let n = match sock.recv_batch(&mut s.bufs, &mut s.lens, &mut s.srcs, &mut s.segs) {
         Ok(n) => n,
         Err(e) if e.kind() == io::ErrorKind::WouldBlock => 0,
         Err(e) => return Err(e),
     };
-    Ok(bufs
-        .into_iter()
-        .zip(lens)
-        .zip(srcs)
-        .take(n)
-        .map(|((buf, len), src)| Packet {
-            buf,
-            len,
-            counter: 0,
-            src,
-            ok: false,
-        })
-        .collect())
+    let mut out = Vec::with_capacity(n);
+    for i in 0..n {
+        let data = &s.bufs[i][..s.lens[i]];
+        let step = if s.segs[i] > 0 {
+            s.segs[i]
+        } else {
+            data.len().max(1)
+        };
+        for d in data.chunks(step) {
+            let mut p = Packet::with_capacity(d.len().saturating_sub(HEADROOM + TAILROOM));
+            if p.buf.len() < d.len() {
+                p.buf.resize(d.len(), 0);
+            }
+            p.buf[..d.len()].copy_from_slice(d);
+            p.len = d.len();
+            p.src = s.srcs[i];
+            out.push(p);
+        }
+    }
+    Ok(out)
 }
