@@ -1,0 +1,20 @@
+//! The lab's TCP figure against iperf3 on the same tunnel (as root). A test binary of
+//! its own: cargo runs test binaries one after another, so no other test competes for
+//! the two cores while the two tools are compared.
+
+use std::process::Command;
+
+#[test]
+fn tcp_figure_agrees_with_iperf3() {
+    let o = Command::new(env!("CARGO_BIN_EXE_wirelane-lab"))
+        .args(["crosscheck", "--seconds", "2", "--repeats", "5"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(text.contains("medians differ by"), "{text}");
+}
