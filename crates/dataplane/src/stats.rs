@@ -22,6 +22,8 @@ pub struct Stats {
     pub rx_bad_source: AtomicU64,
     /// Inner packets that are not well-formed IPv4 or IPv6.
     pub rx_bad_inner: AtomicU64,
+    /// Writes to the TUN that the kernel refused (each may hold many packets).
+    pub rx_tun_write_failed: AtomicU64,
     /// Received transport messages dropped because the peer's queue was full.
     pub rx_queue_full: AtomicU64,
     /// Handshake messages dropped because the handshake queue was full.

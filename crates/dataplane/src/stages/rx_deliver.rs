@@ -22,13 +22,21 @@ thread_local! {
 fn write_to_tun(dev: &Device, segs: &[&[u8]]) {
     if !dev.tun.has_vnet_hdr() {
         for s in segs {
-            let _ = dev.tun.write(s);
+            if dev.tun.write(s).is_err() {
+                dev.stats
+                    .rx_tun_write_failed
+                    .fetch_add(1, Ordering::Relaxed);
+            }
         }
         return;
     }
     COALESCE.with(|scratch| {
         offload::coalesce(segs, &mut scratch.borrow_mut(), |b| {
-            let _ = dev.tun.write(b);
+            if dev.tun.write(b).is_err() {
+                dev.stats
+                    .rx_tun_write_failed
+                    .fetch_add(1, Ordering::Relaxed);
+            }
         })
     });
 }
