@@ -363,19 +363,10 @@ mod tests {
     #[test]
     fn tso_split_v4_and_v6() {
         for v6 in [false, true] {
-            let mut p = super_packet(v6, 4000, 0x18 | 0x01 | 0x80); // PSH ACK FIN CWR
-            let original = p.clone();
+            let flags = ACK | PSH | 0x01 | 0x80; // and FIN, CWR
+            let original = super_packet(v6, 4000, flags);
             let l4 = if v6 { 40 } else { 20 };
-            let hdr = VnetHdr {
-                flags: F_NEEDS_CSUM,
-                gso_type: if v6 { GSO_TCPV6 } else { GSO_TCPV4 },
-                hdr_len: (l4 + 20) as u16,
-                gso_size: 1360,
-                csum_start: l4 as u16,
-                csum_offset: 16,
-            };
-            let mut segs: Vec<Vec<u8>> = Vec::new();
-            split(&hdr, &mut p, |s| segs.push(s.to_vec())).unwrap();
+            let segs = segments(v6, 4000, flags);
             assert_eq!(segs.len(), 3);
             let mut payload = Vec::new();
             for (i, s) in segs.iter().enumerate() {
