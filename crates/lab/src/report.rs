@@ -19,22 +19,22 @@ fn esc(s: &str) -> String {
         .replace('"', "&quot;")
 }
 
+/// Opens an SVG of `w`×`h` with an accessible title and a bold heading line.
+fn svg_open(w: f64, h: f64, title: &str, heading: &str, heading_y: f64) -> String {
+    format!(
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" role="img"><title>{}</title><text x="4" y="{heading_y}" font-size="13" font-weight="bold">{}</text>"#,
+        esc(title),
+        esc(heading)
+    )
+}
+
 /// Horizontal bars (median) with min–max whiskers, one per implementation.
 fn bar_chart(title: &str, unit: &str, rows: &[(String, usize, f64, f64, f64)]) -> String {
     let (w, row_h, left) = (640.0, 26.0, 130.0);
     let h = 40.0 + row_h * rows.len() as f64;
     let max = rows.iter().map(|r| r.4).fold(0.0f64, f64::max).max(1e-9) * 1.1;
     let x = |v: f64| left + (w - left - 20.0) * v / max;
-    let mut s = format!(
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" role="img"><title>{}</title>"#,
-        esc(title)
-    );
-    let _ = write!(
-        s,
-        r#"<text x="4" y="16" font-size="13" font-weight="bold">{} ({})</text>"#,
-        esc(title),
-        esc(unit)
-    );
+    let mut s = svg_open(w, h, title, &format!("{title} ({unit})"), 16.0);
     for (i, (name, color, med, lo, hi)) in rows.iter().enumerate() {
         let y = 28.0 + row_h * i as f64;
         let c = COLORS[color % COLORS.len()];
@@ -68,15 +68,7 @@ fn latency_chart(title: &str, rows: &[(String, usize, [f64; 4])]) -> String {
         * 1.1;
     let group_w = (w - left - 10.0) / 4.0;
     let bar_w = (group_w - 10.0) / rows.len().max(1) as f64;
-    let mut s = format!(
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" role="img"><title>{}</title>"#,
-        esc(title)
-    );
-    let _ = write!(
-        s,
-        r#"<text x="4" y="14" font-size="13" font-weight="bold">{} (µs)</text>"#,
-        esc(title)
-    );
+    let mut s = svg_open(w, h, title, &format!("{title} (µs)"), 14.0);
     for (p, label) in ["p50", "p90", "p99", "p99.9"].iter().enumerate() {
         let gx = left + group_w * p as f64;
         let _ = write!(
@@ -129,15 +121,7 @@ fn cpu_chart(title: &str, rows: &[(String, Vec<crate::cpu::CoreSplit>)]) -> Stri
     let (w, row_h, left) = (640.0, 18.0, 170.0);
     let lines: usize = rows.iter().map(|r| r.1.len()).sum();
     let h = 50.0 + row_h * lines as f64;
-    let mut s = format!(
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" role="img"><title>{}</title>"#,
-        esc(title)
-    );
-    let _ = write!(
-        s,
-        r#"<text x="4" y="14" font-size="13" font-weight="bold">{}</text>"#,
-        esc(title)
-    );
+    let mut s = svg_open(w, h, title, title, 14.0);
     let mut y = 24.0;
     for (name, cores) in rows {
         for (ci, c) in cores.iter().enumerate() {

@@ -127,7 +127,7 @@ fn udp_reader(dev: &Device, v6: bool) {
                 Ok(Ready::Woken) => return,
                 Err(e) => return dev.fail(format!("polling the UDP socket failed: {e}")),
             }
-            match stages::udp_recv::recv_batch(dev, &sock, &mut scratch) {
+            match stages::udp_recv::recv_batch(&sock, &mut scratch) {
                 Ok(packets) => stages::classify::classify(dev, packets),
                 Err(e) => tracing::warn!(error = %e, "UDP receive failed"),
             }

@@ -12,18 +12,28 @@ use wirelane_proto::cookie::{GateDrop, GateVerdict};
 use wirelane_proto::handshake::consume_initiation_phase1;
 use wirelane_proto::messages::{CookieReply, Initiation, Kind, Response};
 
+enum Message {
+    Initiation(Initiation),
+    Response(Response),
+}
+
 pub fn process(dev: &Device, job: HandshakeJob) {
     let Some(identity) = dev.identity() else {
         return;
     };
     let now = dev.now();
-    let sender = match job.kind {
-        Kind::Initiation => Initiation::parse(&job.bytes).map(|m| m.sender),
-        Kind::Response => Response::parse(&job.bytes).map(|m| m.sender),
+    // Parsed once; the gate needs the sender index, the protocol step the rest.
+    let msg = match job.kind {
+        Kind::Initiation => Initiation::parse(&job.bytes).map(Message::Initiation),
+        Kind::Response => Response::parse(&job.bytes).map(Message::Response),
         Kind::CookieReply => return consume_cookie_reply(dev, &job),
         Kind::Transport => return,
     };
-    let Ok(sender) = sender else { return };
+    let Ok(msg) = msg else { return };
+    let sender = match &msg {
+        Message::Initiation(m) => m.sender,
+        Message::Response(m) => m.sender,
+    };
 
     let verdict = {
         let mut gate = dev.gate();
@@ -64,9 +74,8 @@ pub fn process(dev: &Device, job: HandshakeJob) {
         }
     }
 
-    let result = match job.kind {
-        Kind::Initiation => {
-            let msg = Initiation::parse(&job.bytes).expect("parsed above");
+    let result = match msg {
+        Message::Initiation(msg) => {
             dev.stats.handshake_dh.fetch_add(1, Ordering::Relaxed);
             let Ok(phase1) = consume_initiation_phase1(&identity, &msg) else {
                 dev.stats.handshake_failed.fetch_add(1, Ordering::Relaxed);
@@ -83,8 +92,7 @@ pub fn process(dev: &Device, job: HandshakeJob) {
                 state.consume_initiation(ctx, phase1, job.src, out)
             })
         }
-        Kind::Response => {
-            let msg = Response::parse(&job.bytes).expect("parsed above");
+        Message::Response(msg) => {
             let Some(peer) = dev.peer_by_index(msg.receiver) else {
                 dev.stats.handshake_failed.fetch_add(1, Ordering::Relaxed);
                 return;
@@ -96,7 +104,6 @@ pub fn process(dev: &Device, job: HandshakeJob) {
                 state.consume_response(ctx, &msg, job.src, out)
             })
         }
-        _ => return,
     };
     if let Err(e) = result {
         dev.stats.handshake_failed.fetch_add(1, Ordering::Relaxed);

@@ -3,7 +3,6 @@
 //! several datagrams of one flow in one buffer; they are split apart here, so later
 //! stages always see single datagrams.
 
-use crate::device::Device;
 use crate::packet::{Packet, HEADROOM, MAX_BATCH, TAILROOM};
 use std::io;
 use std::net::SocketAddr;
@@ -34,7 +33,7 @@ impl RecvScratch {
 }
 
 /// Receives what is queued on `sock`, up to one batch of buffers, without blocking.
-pub fn recv_batch(_dev: &Device, sock: &UdpSocket, s: &mut RecvScratch) -> io::Result<Vec<Packet>> {
+pub fn recv_batch(sock: &UdpSocket, s: &mut RecvScratch) -> io::Result<Vec<Packet>> {
     let n = match sock.recv_batch(&mut s.bufs, &mut s.lens, &mut s.srcs, &mut s.segs) {
         Ok(n) => n,
         Err(e) if e.kind() == io::ErrorKind::WouldBlock => 0,
