@@ -1,15 +1,12 @@
 //! `wirelane`: a user-space WireGuard daemon, started like wireguard-go
 //! (`wirelane [-f] IFNAME`) and configured with `wg` over the UAPI socket.
 
-mod daemonize;
-mod listener;
-mod uapi;
-
 use clap::Parser;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::process::ExitCode;
 use std::sync::Arc;
+use wirelane_daemon::{daemonize, listener};
 use wirelane_dataplane::exec::{workqueue, Model};
 use wirelane_dataplane::{Device, Sockets};
 use wirelane_io::tun::Tun;

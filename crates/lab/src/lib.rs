@@ -3,6 +3,7 @@
 //! plain veth path, with built-in workloads, an impairment relay, a run matrix, and
 //! HTML/Markdown reports.
 
+pub mod capture;
 pub mod cpu;
 pub mod crosscheck;
 pub mod hist;

@@ -5,6 +5,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
+use wirelane_lab::impls::Impl;
 use wirelane_lab::matrix::Matrix;
 use wirelane_lab::{record, report, run, summary, Result};
 
@@ -71,6 +72,35 @@ enum Cmd {
         #[arg(long, default_value_t = 3)]
         repeats: usize,
     },
+    /// Capture real traffic (outer datagrams at the relay, inner packets with their
+    /// virtio-net header at the tunnel interface) as seed inputs for the fuzz targets.
+    Capture {
+        /// Seed directory; one subdirectory per fuzz target is written.
+        #[arg(long, default_value = "fuzz/seeds")]
+        out: PathBuf,
+        /// Also frame the Noise IKpsk2 vector from this directory's noise_ikpsk2.txt.
+        #[arg(long, value_name = "DIR")]
+        vectors: Option<PathBuf>,
+        #[arg(long, value_delimiter = ',', default_value = "wirelane,wireguard-go")]
+        implementations: Vec<String>,
+    },
+}
+
+fn capture(out: &Path, vectors: Option<&Path>, impls: &[String]) -> Result<()> {
+    let impls = impls
+        .iter()
+        .map(|s| s.parse::<Impl>())
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    let w = wirelane_lab::capture::run(&impls, vectors, out)?;
+    println!(
+        "seeds written to {}: udp_datagram {}, handshake {}, offload {}, inner_ip {}",
+        out.display(),
+        w.udp_datagram,
+        w.handshake,
+        w.offload,
+        w.inner_ip
+    );
+    Ok(())
 }
 
 static INTERRUPTED: AtomicBool = AtomicBool::new(false);
@@ -266,6 +296,11 @@ fn main() -> ExitCode {
             seconds,
             repeats,
         } => crosscheck(implementation, *seconds, *repeats),
+        Cmd::Capture {
+            out,
+            vectors,
+            implementations,
+        } => capture(out, vectors.as_deref(), implementations),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,

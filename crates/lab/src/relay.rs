@@ -12,7 +12,7 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::net::{SocketAddr, UdpSocket};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -123,6 +123,19 @@ pub struct Relay {
     pub b_to_a: Arc<Counters>,
     /// When set, everything is dropped (a link-down fault).
     pub blackhole: Arc<AtomicBool>,
+    /// Datagrams as they arrived (before any impairment), once `record` is called.
+    recorded: Arc<Mutex<Recording>>,
+    /// Sockets facing A and B, shared with the relay thread, for injecting datagrams as
+    /// an on-path attacker would: from the relay's own address and port.
+    inject: [UdpSocket; 2],
+    dests: [SocketAddr; 2],
+}
+
+/// What the relay has recorded: (towards B?, datagram), up to `limit` of them.
+#[derive(Default)]
+struct Recording {
+    limit: usize,
+    datagrams: Vec<(bool, Vec<u8>)>,
 }
 
 struct Side {
@@ -172,6 +185,8 @@ impl Relay {
         let (tx, rx) = std::sync::mpsc::channel();
         let ns = ns.to_string();
         let (s, bh, c_ab, c_ba) = (stop.clone(), blackhole.clone(), ab.clone(), ba.clone());
+        let recorded = Arc::new(Mutex::new(Recording::default()));
+        let rec = recorded.clone();
         let thread = std::thread::Builder::new()
             .name("lab-relay".into())
             .spawn(move || {
@@ -186,15 +201,20 @@ impl Relay {
                 })();
                 match setup {
                     Ok((sa, sb)) => {
-                        let _ = tx.send(Ok(()));
-                        run(sa, sb, imp, &s, &bh, &c_ab, &c_ba);
+                        let clones = sa
+                            .sock
+                            .try_clone()
+                            .and_then(|x| Ok([x, sb.sock.try_clone()?]));
+                        let _ = tx.send(clones.map_err(|e| e.to_string()));
+                        run(sa, sb, imp, &s, &bh, [&c_ab, &c_ba], &rec);
                     }
                     Err(e) => {
                         let _ = tx.send(Err(e.to_string()));
                     }
                 }
             })?;
-        rx.recv_timeout(Duration::from_secs(5))
+        let inject = rx
+            .recv_timeout(Duration::from_secs(5))
             .map_err(|_| "relay did not start")?
             .map_err(|e| format!("relay: {e}"))?;
         Ok(Relay {
@@ -203,7 +223,57 @@ impl Relay {
             a_to_b: ab,
             b_to_a: ba,
             blackhole,
+            recorded,
+            inject,
+            dests: [a, b],
         })
+    }
+
+    /// Starts recording the next `limit` datagrams (both directions), dropping any
+    /// earlier recording.
+    pub fn record(&self, limit: usize) {
+        let mut r = self.recorded.lock().expect("relay recording lock");
+        *r = Recording {
+            limit,
+            datagrams: Vec::new(),
+        };
+    }
+
+    /// The datagrams recorded so far, as (travelling towards B?, bytes).
+    pub fn recorded(&self) -> Vec<(bool, Vec<u8>)> {
+        self.recorded
+            .lock()
+            .expect("relay recording lock")
+            .datagrams
+            .clone()
+    }
+
+    /// Sends `data` to B (or A) from the relay's socket, as if it had been forwarded:
+    /// a replay by an on-path attacker. Returns how many sends succeeded.
+    pub fn inject(&self, to_b: bool, data: &[u8], times: usize) -> usize {
+        let (sock, dest) = if to_b {
+            (&self.inject[1], self.dests[1])
+        } else {
+            (&self.inject[0], self.dests[0])
+        };
+        let mut sent = 0;
+        for _ in 0..times {
+            // The sockets are non-blocking: wait briefly for room instead of counting a
+            // full send buffer as an injection.
+            for _ in 0..1000 {
+                match sock.send_to(data, dest) {
+                    Ok(_) => {
+                        sent += 1;
+                        break;
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        std::thread::sleep(Duration::from_micros(100))
+                    }
+                    Err(_) => break,
+                }
+            }
+        }
+        sent
     }
 }
 
@@ -222,8 +292,8 @@ fn run(
     imp: Impairment,
     stop: &AtomicBool,
     blackhole: &AtomicBool,
-    c_ab: &Counters,
-    c_ba: &Counters,
+    [c_ab, c_ba]: [&Counters; 2],
+    recording: &Mutex<Recording>,
 ) {
     let mut rng = Rng(0x2545_f491_4f6c_dd1d);
     let mut queue: BinaryHeap<Reverse<Pending>> = BinaryHeap::new();
@@ -266,6 +336,11 @@ fn run(
                 };
                 from.dest = src; // Replies go back to wherever this side sends from.
                 counters.received.fetch_add(1, Ordering::Relaxed);
+                if let Ok(mut r) = recording.try_lock() {
+                    if r.datagrams.len() < r.limit {
+                        r.datagrams.push((to_b, buf[..n].to_vec()));
+                    }
+                }
                 if blackhole.load(Ordering::Relaxed) || rng.chance(imp.loss) {
                     counters.dropped.fetch_add(1, Ordering::Relaxed);
                     continue;

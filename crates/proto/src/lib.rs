@@ -14,6 +14,8 @@ pub mod ratelimiter;
 pub mod replay;
 pub mod timers;
 
+#[cfg(any(test, feature = "sim"))]
+pub mod sim;
 #[cfg(test)]
 mod sim_tests;
 #[cfg(test)]
