@@ -160,6 +160,18 @@ pub fn format_get(s: &DeviceSnapshot) -> String {
     out
 }
 
+/// The `stats=1` answer: every counter, then the handshake gate's live state.
+pub fn format_stats(dev: &Device) -> String {
+    let mut out = String::with_capacity(1024);
+    for (name, v) in dev.stats.fields() {
+        let _ = writeln!(out, "{name}={v}");
+    }
+    let _ = writeln!(out, "under_load={}", u8::from(dev.under_load()));
+    let _ = writeln!(out, "handshake_queue={}", dev.handshake_queue_len());
+    let _ = writeln!(out, "ratelimiter_sources={}", dev.ratelimiter_sources());
+    out
+}
+
 fn apply_errno(e: &ApplyError) -> i32 {
     match e {
         ApplyError::Bind { .. } | ApplyError::Fwmark { .. } => libc::EADDRINUSE,
@@ -201,6 +213,16 @@ pub fn serve_connection(stream: UnixStream, dev: &Arc<Device>) -> io::Result<()>
                     return Ok(());
                 }
                 writer.write_all(format_get(&dev.snapshot()).as_bytes())?;
+                writer.write_all(b"errno=0\n\n")?;
+            }
+            "stats=1" => {
+                // wirelane's own operation (wg never sends it): interface counters.
+                if read_line(&mut reader, &mut buf)?.as_deref() != Some("") {
+                    writeln!(writer, "errno=-{}\n", libc::EPROTO)?;
+                    writer.flush()?;
+                    return Ok(());
+                }
+                writer.write_all(format_stats(dev).as_bytes())?;
                 writer.write_all(b"errno=0\n\n")?;
             }
             "set=1" => {

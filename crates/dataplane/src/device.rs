@@ -114,6 +114,13 @@ pub struct Device {
     pub(crate) work_rx: Receiver<Work>,
     handshake_tx: Sender<HandshakeJob>,
     pub(crate) handshake_rx: Receiver<HandshakeJob>,
+    /// Handshake messages that carry a mac2 (and cookie replies), served first: under a
+    /// spoofed flood they are the ones that can be legitimate, and checking a bad mac2
+    /// costs two BLAKE2s where a cookie reply to a mac1-only message costs a seal and a
+    /// send. Without this lane a legitimate peer's cookie-bearing retry would wait
+    /// behind (or be dropped with) the flood.
+    cookie_lane_tx: Sender<HandshakeJob>,
+    pub(crate) cookie_lane_rx: Receiver<HandshakeJob>,
     last_under_load_ns: AtomicU64,
     timers: Mutex<BinaryHeap<Reverse<(u64, u32)>>>,
     mtu: AtomicU32,
@@ -153,6 +160,8 @@ impl Device {
     pub fn new(tun: Tun, sockets: Sockets) -> std::io::Result<Arc<Device>> {
         let (work_tx, work_rx) = crossbeam_channel::unbounded();
         let (handshake_tx, handshake_rx) = crossbeam_channel::bounded(MAX_QUEUED_HANDSHAKES);
+        let (cookie_lane_tx, cookie_lane_rx) =
+            crossbeam_channel::bounded(MAX_QUEUED_HANDSHAKES / 4);
         let mtu = tun.mtu().unwrap_or(wirelane_io::tun::DEFAULT_MTU);
         Ok(Arc::new(Device {
             tun,
@@ -167,6 +176,8 @@ impl Device {
             work_rx,
             handshake_tx,
             handshake_rx,
+            cookie_lane_tx,
+            cookie_lane_rx,
             last_under_load_ns: AtomicU64::new(0),
             timers: Mutex::new(BinaryHeap::new()),
             mtu: AtomicU32::new(mtu),
@@ -259,23 +270,44 @@ impl Device {
         let _ = self.work_tx.send(w);
     }
 
-    /// Queues a handshake message; drops it when the queue is full.
+    /// Queues a handshake message; drops it when its queue is full.
     pub(crate) fn submit_handshake(&self, job: HandshakeJob) {
-        let len = self.handshake_tx.len();
-        if len >= UNDER_LOAD_THRESHOLD {
+        if self.handshake_queue_len() >= UNDER_LOAD_THRESHOLD {
             self.last_under_load_ns
                 .store(self.now().as_nanos() as u64, Ordering::Relaxed);
         }
-        if self.handshake_tx.try_send(job).is_err() {
+        let mac2_len = wirelane_proto::crypto::MAC_LEN;
+        let carries_cookie = match job.kind {
+            Kind::CookieReply => true,
+            _ => job.bytes[job.bytes.len() - mac2_len..]
+                .iter()
+                .any(|&b| b != 0),
+        };
+        let lane = if carries_cookie {
+            &self.cookie_lane_tx
+        } else {
+            &self.handshake_tx
+        };
+        if lane.try_send(job).is_err() {
             self.stats
                 .handshake_queue_full
                 .fetch_add(1, Ordering::Relaxed);
         }
     }
 
+    /// Handshake messages waiting for the handshake stage.
+    pub fn handshake_queue_len(&self) -> usize {
+        self.handshake_tx.len() + self.cookie_lane_tx.len()
+    }
+
+    /// Sources the handshake rate limiter tracks now (bounded by its capacity).
+    pub fn ratelimiter_sources(&self) -> usize {
+        self.gate().as_ref().map_or(0, |g| g.limiter.tracked())
+    }
+
     /// Under load while the handshake queue is deep, and for a second after.
     pub fn under_load(&self) -> bool {
-        if self.handshake_tx.len() >= UNDER_LOAD_THRESHOLD {
+        if self.handshake_queue_len() >= UNDER_LOAD_THRESHOLD {
             return true;
         }
         let last = self.last_under_load_ns.load(Ordering::Relaxed);

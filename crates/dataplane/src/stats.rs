@@ -2,46 +2,63 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-#[derive(Default, Debug)]
-pub struct Stats {
+/// Declares the counters once: the struct, and `fields()` listing them by name (for the
+/// UAPI `stats` operation and the shutdown log).
+macro_rules! counters {
+    ($($(#[$doc:meta])* $name:ident,)*) => {
+        #[derive(Default, Debug)]
+        pub struct Stats {
+            $($(#[$doc])* pub $name: AtomicU64,)*
+        }
+
+        impl Stats {
+            /// Every counter with its name, in declaration order.
+            pub fn fields(&self) -> Vec<(&'static str, u64)> {
+                vec![$((stringify!($name), self.$name.load(Ordering::Relaxed)),)*]
+            }
+        }
+    };
+}
+
+counters! {
     /// Packets read from the TUN with no peer routing their destination.
-    pub tx_no_route: AtomicU64,
+    tx_no_route,
     /// Packets dropped on transmit: queue full, staged overflow, handshake gave up.
-    pub tx_dropped: AtomicU64,
+    tx_dropped,
     /// Datagrams that could not be sent because the peer has no endpoint.
-    pub tx_no_endpoint: AtomicU64,
+    tx_no_endpoint,
     /// Datagrams that are not WireGuard messages at all.
-    pub rx_malformed: AtomicU64,
+    rx_malformed,
     /// Transport messages for an unknown receiver index or an expired keypair.
-    pub rx_unknown_index: AtomicU64,
+    rx_unknown_index,
     /// Transport messages that failed authentication.
-    pub rx_auth_failed: AtomicU64,
+    rx_auth_failed,
     /// Transport messages refused by the replay window.
-    pub rx_replayed: AtomicU64,
+    rx_replayed,
     /// Inner packets whose source address the sending peer is not allowed to use.
-    pub rx_bad_source: AtomicU64,
+    rx_bad_source,
     /// Inner packets that are not well-formed IPv4 or IPv6.
-    pub rx_bad_inner: AtomicU64,
+    rx_bad_inner,
     /// Writes to the TUN that the kernel refused (each may hold many packets).
-    pub rx_tun_write_failed: AtomicU64,
+    rx_tun_write_failed,
     /// Received transport messages dropped because the peer's queue was full.
-    pub rx_queue_full: AtomicU64,
+    rx_queue_full,
     /// Handshake messages dropped because the handshake queue was full.
-    pub handshake_queue_full: AtomicU64,
+    handshake_queue_full,
     /// Handshake messages dropped for an invalid mac1 (no DH spent on them).
-    pub handshake_invalid_mac1: AtomicU64,
+    handshake_invalid_mac1,
     /// Handshake messages dropped by the per-source rate limit.
-    pub handshake_rate_limited: AtomicU64,
+    handshake_rate_limited,
     /// Cookie replies sent while under load.
-    pub cookie_replies_sent: AtomicU64,
+    cookie_replies_sent,
     /// Handshake messages that authenticated with mac1 but failed later.
-    pub handshake_failed: AtomicU64,
+    handshake_failed,
     /// Diffie-Hellman operations spent on received handshake messages.
-    pub handshake_dh: AtomicU64,
+    handshake_dh,
     /// Serial-stage invocations and the batches they handled (EoI signatures).
-    pub serial_runs: AtomicU64,
-    pub serial_batches: AtomicU64,
-    pub serial_empty_runs: AtomicU64,
+    serial_runs,
+    serial_batches,
+    serial_empty_runs,
 }
 
 impl Stats {

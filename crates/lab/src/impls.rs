@@ -65,10 +65,15 @@ impl Impl {
     fn program(self) -> Result<PathBuf> {
         let (name, hint) = match self {
             Impl::Wirelane => {
-                // The daemon built alongside this lab binary.
-                let sibling = std::env::current_exe()?.with_file_name("wirelane");
-                if sibling.is_file() {
-                    return Ok(sibling);
+                // The daemon built alongside this lab binary, or alongside the test
+                // binary running the lab's library (which lives in `deps/`).
+                let exe = std::env::current_exe()?;
+                let dirs = [exe.parent(), exe.parent().and_then(|d| d.parent())];
+                for dir in dirs.into_iter().flatten() {
+                    let sibling = dir.join("wirelane");
+                    if sibling.is_file() {
+                        return Ok(sibling);
+                    }
                 }
                 ("wirelane", "cargo build --release -p wirelane")
             }

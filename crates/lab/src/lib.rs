@@ -6,6 +6,7 @@
 pub mod capture;
 pub mod cpu;
 pub mod crosscheck;
+pub mod flood;
 pub mod hist;
 pub mod impls;
 pub mod matrix;
@@ -14,10 +15,12 @@ pub mod peers;
 pub mod record;
 pub mod relay;
 pub mod report;
+pub mod robust;
 pub mod run;
 pub mod stats;
 pub mod summary;
 pub mod topology;
+pub mod uapi;
 pub mod workload;
 
 pub type Result<T> = std::result::Result<T, Box<dyn std::error::Error + Send + Sync>>;

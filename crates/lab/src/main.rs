@@ -84,6 +84,93 @@ enum Cmd {
         #[arg(long, value_delimiter = ',', default_value = "wirelane,wireguard-go")]
         implementations: Vec<String>,
     },
+    /// Send a handshake flood at a WireGuard responder from this namespace: spoofed
+    /// (valid mac1, random sources from --source), junk (bad mac1) or cookie (one real
+    /// source that answers cookie replies). Bounded by --seconds.
+    Flood {
+        /// Responder address, IPv4:port.
+        #[arg(value_parser = wirelane_lab::flood::parse_target)]
+        target: std::net::SocketAddrV4,
+        /// Responder's public key (base64, as `wg` prints it, or 64 hex digits).
+        #[arg(long)]
+        public_key: String,
+        #[arg(long, default_value = "spoofed")]
+        kind: wirelane_lab::flood::FloodKind,
+        /// Spoofed: source prefix. Cookie: the address to send from.
+        #[arg(long, default_value = "10.200.0.0/16")]
+        source: String,
+        #[arg(long, default_value_t = 10.0, value_parser = seconds_in_range)]
+        seconds: f64,
+        /// Initiations per second for spoofed and junk floods (default: maximum).
+        #[arg(long)]
+        rate: Option<u64>,
+    },
+    /// Robustness scenarios against a wirelane tunnel in fresh namespaces, with figures.
+    Robust {
+        #[command(subcommand)]
+        scenario: Scenario,
+    },
+}
+
+#[derive(Subcommand)]
+enum Scenario {
+    /// TCP with and without a spoofed handshake flood (interleaved), the rate limit,
+    /// junk costing no Diffie-Hellman, under-load recovery, and a new peer joining.
+    Flood {
+        #[arg(long, default_value_t = 3.0, value_parser = seconds_in_range)]
+        seconds: f64,
+        #[arg(long, default_value_t = 3)]
+        repeats: usize,
+        /// Spoofed initiations per second (default: as fast as possible).
+        #[arg(long)]
+        rate: Option<u64>,
+    },
+}
+
+fn seconds_in_range(s: &str) -> std::result::Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if (0.1..=3600.0).contains(&v) => Ok(v),
+        _ => Err(format!("'{s}': expected seconds between 0.1 and 3600")),
+    }
+}
+
+fn flood_cmd(
+    target: std::net::SocketAddrV4,
+    public_key: &str,
+    kind: wirelane_lab::flood::FloodKind,
+    source: &str,
+    seconds: f64,
+    rate: Option<u64>,
+) -> Result<()> {
+    let key = wirelane_proto::parse_hex_key(public_key)
+        .or_else(|| wirelane_lab::peers::base64_decode_key(public_key))
+        .ok_or("--public-key: expected a base64 or hex WireGuard key")?;
+    let (addr, len) = source.split_once('/').unwrap_or((source, "32"));
+    let source = (
+        addr.parse()
+            .map_err(|_| format!("--source: '{addr}' is not an IPv4 address"))?,
+        len.parse::<u8>()
+            .ok()
+            .filter(|l| *l <= 32)
+            .ok_or("--source: bad prefix length")?,
+    );
+    let spec = wirelane_lab::flood::FloodSpec {
+        kind,
+        target,
+        responder_public: key,
+        source,
+        duration: std::time::Duration::from_secs_f64(seconds),
+        rate,
+    };
+    let r = wirelane_lab::flood::run(&spec, &INTERRUPTED)?;
+    println!(
+        "sent {} initiations in {:.2} s ({:.0}/s); cookie replies taken: {}",
+        r.sent,
+        r.seconds,
+        r.sent as f64 / r.seconds.max(1e-9),
+        r.cookie_replies
+    );
+    Ok(())
 }
 
 fn capture(out: &Path, vectors: Option<&Path>, impls: &[String]) -> Result<()> {
@@ -301,6 +388,25 @@ fn main() -> ExitCode {
             vectors,
             implementations,
         } => capture(out, vectors.as_deref(), implementations),
+        Cmd::Flood {
+            target,
+            public_key,
+            kind,
+            source,
+            seconds,
+            rate,
+        } => {
+            install_signal_handlers();
+            flood_cmd(*target, public_key, *kind, source, *seconds, *rate)
+        }
+        Cmd::Robust { scenario } => match scenario {
+            Scenario::Flood {
+                seconds,
+                repeats,
+                rate,
+            } => wirelane_lab::robust::flood_scenario(*seconds, *repeats, *rate)
+                .map(|o| wirelane_lab::robust::print_flood(&o)),
+        },
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,

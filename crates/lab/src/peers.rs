@@ -14,7 +14,8 @@ pub struct PeerLoad {
     pub bytes_per_peer: Vec<f64>,
 }
 
-fn rss_kib(pid: u32) -> Result<u64> {
+/// Resident memory of a process, in KiB.
+pub fn rss_kib(pid: u32) -> Result<u64> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
     s.lines()
         .find(|l| l.starts_with("VmRSS:"))
@@ -23,8 +24,29 @@ fn rss_kib(pid: u32) -> Result<u64> {
         .ok_or_else(|| "no VmRSS".into())
 }
 
+const B64: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+/// Decodes a WireGuard key as `wg` prints it (44 base64 characters).
+pub fn base64_decode_key(s: &str) -> Option<[u8; 32]> {
+    let b = s.trim().as_bytes();
+    if b.len() != 44 || b[43] != b'=' {
+        return None;
+    }
+    let mut bits = 0u32;
+    let mut n = 0;
+    let mut out = Vec::with_capacity(33);
+    for &c in &b[..43] {
+        bits = bits << 6 | B64.iter().position(|&t| t == c)? as u32;
+        n += 6;
+        if n >= 8 {
+            n -= 8;
+            out.push((bits >> n) as u8);
+        }
+    }
+    out.try_into().ok()
+}
+
 fn base64(bytes: &[u8]) -> String {
-    const T: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     let mut s = String::new();
     for c in bytes.chunks(3) {
         let n = (c[0] as u32) << 16
@@ -32,7 +54,7 @@ fn base64(bytes: &[u8]) -> String {
             | *c.get(2).unwrap_or(&0) as u32;
         for i in 0..4 {
             s.push(if i <= c.len() {
-                T[(n >> (18 - 6 * i) & 63) as usize] as char
+                B64[(n >> (18 - 6 * i) & 63) as usize] as char
             } else {
                 '='
             });

@@ -135,13 +135,41 @@ fn udp_reader(dev: &Device, v6: bool) {
     }
 }
 
+/// Nice value of the handshake thread. Under a flood it would otherwise take an equal
+/// share of a core from the data path (cookie replies are a seal and a send each);
+/// niced, it yields to transport data, its queue fills and the excess is dropped at
+/// enqueue, which costs nothing but the receive itself.
+const HANDSHAKE_NICE: libc::c_int = 10;
+
 fn handshake_worker(dev: &Device) {
+    // SAFETY: setpriority on this thread's own id (a thread is a process id for it).
+    let r = unsafe {
+        libc::setpriority(
+            libc::PRIO_PROCESS,
+            libc::gettid() as libc::id_t,
+            HANDSHAKE_NICE,
+        )
+    };
+    if r != 0 {
+        tracing::debug!("could not lower the handshake thread's priority");
+    }
     loop {
-        match dev.handshake_rx.recv_timeout(IDLE_CHECK) {
+        // The cookie lane first, always (see Device::cookie_lane_tx).
+        let job = dev
+            .cookie_lane_rx
+            .try_recv()
+            .or_else(|_| dev.handshake_rx.try_recv());
+        match job {
             Ok(job) => stages::handshake::process(dev, job),
-            Err(RecvTimeoutError::Timeout) if dev.stopping() => return,
-            Err(RecvTimeoutError::Timeout) => {}
-            Err(RecvTimeoutError::Disconnected) => return,
+            Err(_) if dev.stopping() => return,
+            Err(_) => {
+                // Both empty: sleep until either has something. The device holds both
+                // senders, so neither channel can disconnect while we run.
+                let mut sel = crossbeam_channel::Select::new();
+                sel.recv(&dev.cookie_lane_rx);
+                sel.recv(&dev.handshake_rx);
+                let _ = sel.ready_timeout(IDLE_CHECK);
+            }
         }
     }
 }

@@ -1,0 +1,415 @@
+//! Robustness scenarios: hostile traffic against a live wirelane tunnel, with figures.
+//! Each runs on its own testbed (removed on return, even on error) and reads the
+//! daemon's counters through the UAPI `stats=1` operation.
+
+use crate::flood::{self, FloodKind, FloodReport, FloodSpec};
+use crate::impls::{self, Daemon, Impl, Tunnel};
+use crate::peers::rss_kib;
+use crate::relay::Impairment;
+use crate::stats::median;
+use crate::topology::{Testbed, Topology};
+use crate::workload::{in_ns, join, tcp};
+use crate::{uapi, Result};
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr, SocketAddrV4};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Where spoofed flood sources come from; host B routes it back towards host A, where
+/// the cookie replies die.
+const SPOOF_NET: (Ipv4Addr, u8) = (Ipv4Addr::new(10, 200, 0, 0), 16);
+
+fn counter(s: &BTreeMap<String, u64>, k: &str) -> u64 {
+    s.get(k).copied().unwrap_or(0)
+}
+
+fn delta(a: &BTreeMap<String, u64>, b: &BTreeMap<String, u64>, k: &str) -> u64 {
+    counter(b, k).saturating_sub(counter(a, k))
+}
+
+/// The interface's public key, derived from the private key its UAPI reports.
+fn public_key(ifname: &str) -> Result<[u8; 32]> {
+    let private = uapi::request(ifname, "get=1")?
+        .into_iter()
+        .find(|(k, _)| k == "private_key")
+        .and_then(|(_, v)| wirelane_proto::parse_hex_key(&v))
+        .ok_or("interface has no private key")?;
+    Ok(wirelane_proto::LocalIdentity::new(private).public)
+}
+
+fn v4(a: IpAddr) -> Result<Ipv4Addr> {
+    match a {
+        IpAddr::V4(a) => Ok(a),
+        _ => Err("IPv4 underlay expected".into()),
+    }
+}
+
+/// A wirelane pair tunnel with B's daemon as the flood target.
+struct Target {
+    bed: Testbed,
+    tun: Tunnel,
+    spec: FloodSpec,
+}
+
+impl Target {
+    fn up(rate: Option<u64>) -> Result<Target> {
+        let bed = Testbed::build(Topology::Pair, Impairment::default())?;
+        let tun = Tunnel::up(Impl::Wirelane, &bed)?;
+        let (ha, hb) = (&bed.hosts[0], &bed.hosts[1]);
+        hb.ns.run(&format!(
+            "ip route add {}/{} via {}",
+            SPOOF_NET.0, SPOOF_NET.1, ha.underlay
+        ))?;
+        let spec = FloodSpec {
+            kind: FloodKind::Spoofed,
+            target: SocketAddrV4::new(v4(hb.underlay)?, hb.port),
+            responder_public: public_key(&tun.daemons[1].ifname)?,
+            source: SPOOF_NET,
+            duration: Duration::ZERO,
+            rate,
+        };
+        Ok(Target { bed, tun, spec })
+    }
+
+    fn ns(&self, i: usize) -> String {
+        self.bed.hosts[i].ns.name.clone()
+    }
+
+    fn stats(&self) -> Result<BTreeMap<String, u64>> {
+        uapi::stats(&self.tun.daemons[1].ifname)
+    }
+
+    /// Starts a flood of `kind` from host A for `dur`.
+    fn flood(
+        &self,
+        kind: FloodKind,
+        dur: Duration,
+    ) -> std::thread::JoinHandle<Result<FloodReport>> {
+        self.flood_to(
+            kind,
+            dur,
+            self.spec.target.port(),
+            &Arc::default(),
+            self.spec.rate,
+        )
+    }
+
+    /// As `flood` but at full rate (without competing traffic a paced flood may not
+    /// keep the responder under load), ending early once `stop` is set.
+    fn flood_until(
+        &self,
+        kind: FloodKind,
+        dur: Duration,
+        stop: &Arc<AtomicBool>,
+    ) -> std::thread::JoinHandle<Result<FloodReport>> {
+        self.flood_to(kind, dur, self.spec.target.port(), stop, None)
+    }
+
+    /// As `flood`, aimed at `port` (a closed one measures the generator's own cost).
+    fn flood_to(
+        &self,
+        kind: FloodKind,
+        dur: Duration,
+        port: u16,
+        stop: &Arc<AtomicBool>,
+        rate: Option<u64>,
+    ) -> std::thread::JoinHandle<Result<FloodReport>> {
+        let stop = stop.clone();
+        let mut spec = self.spec;
+        spec.rate = rate;
+        spec.target.set_port(port);
+        spec.kind = kind;
+        spec.duration = dur;
+        if kind == FloodKind::Cookie {
+            spec.source = (
+                v4(self.bed.hosts[0].underlay).unwrap_or(Ipv4Addr::UNSPECIFIED),
+                32,
+            );
+        }
+        in_ns(&self.ns(0), move || flood::run(&spec, &stop))
+    }
+
+    fn tcp(&self, dur: Duration) -> Result<f64> {
+        Ok(tcp::bulk(&self.ns(0), &self.ns(1), self.tun.addr_b, 1, dur)?.goodput_bps)
+    }
+}
+
+#[derive(Debug, Default)]
+pub struct FloodOutcome {
+    pub baseline_bps: Vec<f64>,
+    /// The same flood aimed at a closed port: the generator's own cost.
+    pub control_bps: Vec<f64>,
+    pub flooded_bps: Vec<f64>,
+    /// Initiations sent per second by the spoofed flood, per flooded run.
+    pub spoofed_pps: Vec<f64>,
+    pub under_load_seen: bool,
+    pub cookie_replies_sent: u64,
+    pub rate_limited: u64,
+    /// Handshake messages from the one cookie-answering source that got past the rate
+    /// limit while under load, and the seconds they were counted over.
+    pub admitted_with_cookie: u64,
+    pub admitted_window_s: f64,
+    pub cookie_source_got_cookie: bool,
+    pub ratelimiter_sources_max: u64,
+    pub junk_sent: u64,
+    pub junk_invalid_mac1: u64,
+    pub junk_dropped_at_queue: u64,
+    pub junk_dh: u64,
+    pub under_load_cleared_s: f64,
+    pub new_peer_handshake_s: Option<f64>,
+    pub rss_before_kib: u64,
+    pub rss_after_kib: u64,
+}
+
+impl FloodOutcome {
+    /// Goodput under the flood against goodput without one.
+    pub fn throughput_ratio(&self) -> f64 {
+        median(&self.flooded_bps).unwrap_or(0.0) / median(&self.baseline_bps).unwrap_or(1.0)
+    }
+
+    /// Goodput under the flood against goodput with the generator running at a closed
+    /// port: the part of the loss that is wirelane's.
+    pub fn ratio_to_control(&self) -> f64 {
+        median(&self.flooded_bps).unwrap_or(0.0) / median(&self.control_bps).unwrap_or(1.0)
+    }
+}
+
+/// Brings a second wirelane up in host A with a fresh key, known to B, and measures the
+/// seconds until a ping through it is answered (the handshake, through the cookie
+/// round trip while B is under load).
+fn new_peer_handshake(t: &Target) -> Result<Option<f64>> {
+    let (a, b) = (&t.bed.hosts[0], &t.bed.hosts[1]);
+    let d: Daemon = impls::start(Impl::Wirelane, &a.ns)?;
+    let private = crate::netns::sh("wg genkey")?.trim().to_string();
+    let public = crate::netns::sh(&format!("echo {private} | wg pubkey"))?
+        .trim()
+        .to_string();
+    let keyfile = std::env::temp_dir().join(format!("{}.key", d.ifname));
+    std::fs::write(&keyfile, format!("{private}\n"))?;
+    let b_if = &t.tun.daemons[1].ifname;
+    let setup = a.ns.run(&format!(
+        "wg set {if_} private-key {kf} peer {pk} endpoint {ep}:{port} allowed-ips 10.82.0.2/32 \
+         && ip addr add 10.82.0.3/32 dev {if_} && ip link set {if_} up \
+         && ip route add 10.82.0.2/32 dev {if_}",
+        if_ = d.ifname,
+        kf = keyfile.display(),
+        pk = b.ns.run(&format!("wg show {b_if} public-key"))?.trim(),
+        ep = b.underlay,
+        port = b.port,
+    ));
+    let _ = std::fs::remove_file(&keyfile);
+    setup?;
+    b.ns.run(&format!(
+        "wg set {b_if} peer {public} allowed-ips 10.82.0.3/32 && ip addr add 10.82.0.2/32 dev {b_if} \
+         && ip route add 10.82.0.3/32 dev {b_if}"
+    ))?;
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(20) {
+        if a.ns.run("ping -c 1 -W 1 -I 10.82.0.3 10.82.0.2").is_ok() {
+            return Ok(Some(start.elapsed().as_secs_f64()));
+        }
+    }
+    Ok(None)
+}
+
+/// Counters sampled every 100 ms for `dur` on another thread.
+fn sample_stats(
+    ifname: String,
+    dur: Duration,
+    stop: &Arc<AtomicBool>,
+) -> std::thread::JoinHandle<Vec<(Instant, BTreeMap<String, u64>)>> {
+    let stop = stop.clone();
+    std::thread::spawn(move || {
+        let mut samples = Vec::new();
+        let end = Instant::now() + dur;
+        while Instant::now() < end && !stop.load(Ordering::Relaxed) {
+            if let Ok(s) = uapi::stats(&ifname) {
+                samples.push((Instant::now(), s));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        samples
+    })
+}
+
+/// The handshake flood scenario. `repeats` interleaved triples of TCP runs of `secs`:
+/// no flood; a spoofed mac1-valid flood at a closed port of host B (the control: what
+/// the generator itself takes from a 2-core machine); the same flood at wirelane.
+/// Spoofed floods go at `rate` initiations per second, or as fast as one thread can.
+/// Then one cookie-answering source beside the spoofed flood (the rate limit), a junk
+/// flood (no Diffie-Hellman), and a new peer joining during a flood.
+pub fn flood_scenario(secs: f64, repeats: usize, rate: Option<u64>) -> Result<FloodOutcome> {
+    let t = Target::up(rate)?;
+    let dur = Duration::from_secs_f64(secs);
+    let ifname = t.tun.daemons[1].ifname.clone();
+    let pid = t.tun.daemons[1].pid.ok_or("daemon has no pid")?;
+    let closed_port = t.spec.target.port() + 1000;
+    let mut o = FloodOutcome {
+        rss_before_kib: rss_kib(pid)?,
+        ..Default::default()
+    };
+    let settle = Duration::from_millis(300);
+    t.tcp(Duration::from_millis(500))?; // handshake and warm-up
+    for _ in 0..repeats {
+        o.baseline_bps.push(t.tcp(dur)?);
+        let control = t.flood_to(
+            FloodKind::Spoofed,
+            dur + settle,
+            closed_port,
+            &Arc::default(),
+            t.spec.rate,
+        );
+        std::thread::sleep(settle);
+        o.control_bps.push(t.tcp(dur)?);
+        join(control)?;
+        let spoofed = t.flood(FloodKind::Spoofed, dur + settle);
+        std::thread::sleep(settle);
+        let sampler = sample_stats(ifname.clone(), dur, &Arc::default());
+        o.flooded_bps.push(t.tcp(dur)?);
+        let samples = sampler.join().map_err(|_| "sampler panicked")?;
+        let s = join(spoofed)?;
+        o.spoofed_pps.push(s.sent as f64 / s.seconds.max(1e-9));
+        for (_, st) in &samples {
+            o.under_load_seen |= counter(st, "under_load") == 1;
+        }
+        // Under load must clear about a second after the flood stops.
+        let stopped = Instant::now();
+        while t.stats().map(|s| counter(&s, "under_load")).unwrap_or(1) == 1
+            && stopped.elapsed() < Duration::from_secs(10)
+        {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        o.under_load_cleared_s = o.under_load_cleared_s.max(stopped.elapsed().as_secs_f64());
+    }
+    o.cookie_replies_sent = counter(&t.stats()?, "cookie_replies_sent");
+
+    // One source that answers cookies, beside the spoofed flood: while under load only
+    // it can pass the gate, and each of its initiations then fails after one DH, so
+    // handshake_failed counts what the rate limiter let through.
+    let stop = Arc::new(AtomicBool::new(false));
+    let spoofed = t.flood_until(
+        FloodKind::Spoofed,
+        flood::COOKIE_PROBE_LIMIT + dur * 2,
+        &stop,
+    );
+    std::thread::sleep(settle);
+    let cookie = t.flood(FloodKind::Cookie, dur);
+    let sampler = sample_stats(ifname.clone(), flood::COOKIE_PROBE_LIMIT + dur * 2, &stop);
+    let c = join(cookie);
+    stop.store(true, Ordering::Relaxed);
+    let samples = sampler.join().map_err(|_| "sampler panicked")?;
+    join(spoofed)?;
+    let c = c?;
+    o.cookie_source_got_cookie = c.cookie_at.is_some();
+    // Only samples from when the source held its cookie count.
+    let blast_start = c.cookie_at.unwrap_or_else(Instant::now);
+    let samples: Vec<_> = samples
+        .into_iter()
+        .filter(|(at, _)| *at >= blast_start)
+        .collect();
+    for (_, st) in &samples {
+        o.ratelimiter_sources_max = o
+            .ratelimiter_sources_max
+            .max(counter(st, "ratelimiter_sources"));
+    }
+    let loaded: Vec<_> = samples
+        .iter()
+        .filter(|(_, st)| counter(st, "under_load") == 1)
+        .collect();
+    if let (Some(first), Some(last)) = (loaded.first(), loaded.last()) {
+        o.admitted_with_cookie = delta(&first.1, &last.1, "handshake_failed");
+        o.rate_limited = delta(&first.1, &last.1, "handshake_rate_limited");
+        o.admitted_window_s = (last.0 - first.0).as_secs_f64();
+    }
+    std::thread::sleep(Duration::from_millis(1500));
+
+    // Junk alone: every message fails mac1 and no Diffie-Hellman is spent.
+    let before = t.stats()?;
+    let junk = join(t.flood(FloodKind::Junk, Duration::from_secs(2)))?;
+    std::thread::sleep(settle);
+    let after = t.stats()?;
+    o.junk_sent = junk.sent;
+    o.junk_invalid_mac1 = delta(&before, &after, "handshake_invalid_mac1");
+    o.junk_dropped_at_queue = delta(&before, &after, "handshake_queue_full");
+    o.junk_dh = delta(&before, &after, "handshake_dh");
+
+    // A new peer joins while a spoofed flood runs.
+    let spoofed = t.flood(FloodKind::Spoofed, Duration::from_secs(15));
+    std::thread::sleep(Duration::from_millis(500));
+    o.new_peer_handshake_s = new_peer_handshake(&t)?;
+    join(spoofed)?;
+    o.rss_after_kib = rss_kib(pid)?;
+    drop(t);
+    Ok(o)
+}
+
+pub fn print_flood(o: &FloodOutcome) {
+    let gbit = |v: &[f64]| {
+        let runs: Vec<String> = v.iter().map(|b| format!("{:.2}", b / 1e9)).collect();
+        format!(
+            "{:.2} Gbit/s (runs {})",
+            median(v).unwrap_or(0.0) / 1e9,
+            runs.join(", ")
+        )
+    };
+    let rows = [
+        ("TCP goodput, no flood", gbit(&o.baseline_bps)),
+        ("TCP goodput, flood at a closed port", gbit(&o.control_bps)),
+        ("TCP goodput, flood at wirelane", gbit(&o.flooded_bps)),
+        (
+            "ratio flooded / no flood",
+            format!("{:.2}", o.throughput_ratio()),
+        ),
+        (
+            "ratio flooded / closed-port control",
+            format!("{:.2}", o.ratio_to_control()),
+        ),
+        (
+            "spoofed initiations per second",
+            format!("{:.0}", median(&o.spoofed_pps).unwrap_or(0.0)),
+        ),
+        ("under load engaged", o.under_load_seen.to_string()),
+        ("cookie replies sent", o.cookie_replies_sent.to_string()),
+        (
+            "cookie-answering source got its cookie",
+            o.cookie_source_got_cookie.to_string(),
+        ),
+        (
+            "its initiations admitted under load",
+            format!(
+                "{} in {:.1} s (limit: burst 5 + 20/s)",
+                o.admitted_with_cookie, o.admitted_window_s
+            ),
+        ),
+        ("rate-limited drops", o.rate_limited.to_string()),
+        (
+            "rate limiter sources (max)",
+            o.ratelimiter_sources_max.to_string(),
+        ),
+        (
+            "junk sent / invalid mac1 / dropped at queue / DH",
+            format!(
+                "{} / {} / {} / {}",
+                o.junk_sent, o.junk_invalid_mac1, o.junk_dropped_at_queue, o.junk_dh
+            ),
+        ),
+        (
+            "under load cleared after flood",
+            format!("{:.2} s", o.under_load_cleared_s),
+        ),
+        (
+            "new peer's handshake during a flood",
+            o.new_peer_handshake_s
+                .map_or("failed".into(), |s| format!("{s:.2} s")),
+        ),
+        (
+            "daemon RSS before / after",
+            format!("{} / {} KiB", o.rss_before_kib, o.rss_after_kib),
+        ),
+    ];
+    println!("| figure | value |\n|---|---|");
+    for (k, v) in rows {
+        println!("| {k} | {v} |");
+    }
+}

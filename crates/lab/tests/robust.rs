@@ -1,0 +1,58 @@
+//! Robustness scenarios against a real wirelane tunnel in namespaces (the same code
+//! `wirelane-lab robust ...` runs). Figures are printed; the assertions are about
+//! behaviour, not speed, which the lab measures (ROBUSTNESS.md).
+
+use wirelane_lab::robust;
+
+/// The CI build of the daemon is unoptimised, so the flood is paced to what such a
+/// build can face on two cores while still driving it under load; the lab command runs
+/// the same scenario at full rate against a release build.
+const CI_FLOOD_RATE: u64 = 20_000;
+
+#[test]
+fn handshake_flood() {
+    let o = robust::flood_scenario(2.0, 2, Some(CI_FLOOD_RATE)).expect("flood scenario");
+    robust::print_flood(&o);
+    assert!(
+        o.under_load_seen,
+        "the spoofed flood did not engage under-load mode"
+    );
+    assert!(o.cookie_replies_sent > 0, "no cookie replies under load");
+    assert!(
+        o.cookie_source_got_cookie,
+        "a cookie-answering source never got a cookie"
+    );
+    // The per-source limit: a burst of 5, then 20 per second (plus one for the edges).
+    let allowed = 5.0 + 20.0 * o.admitted_window_s + 1.0;
+    assert!(
+        (o.admitted_with_cookie as f64) <= allowed,
+        "rate limit exceeded: {} admitted in {:.1} s",
+        o.admitted_with_cookie,
+        o.admitted_window_s
+    );
+    assert!(
+        o.rate_limited > 0,
+        "the rate limiter never dropped anything"
+    );
+    assert!(o.ratelimiter_sources_max <= 16_384);
+    assert!(o.junk_sent > 0 && o.junk_invalid_mac1 > 0);
+    assert_eq!(
+        o.junk_dh, 0,
+        "invalid-mac1 messages cost Diffie-Hellman work"
+    );
+    assert!(
+        o.under_load_cleared_s < 1.6,
+        "under load lasted {:.2} s after the flood",
+        o.under_load_cleared_s
+    );
+    assert!(
+        o.new_peer_handshake_s.is_some(),
+        "a new peer never completed its handshake"
+    );
+    assert!(
+        o.rss_after_kib < o.rss_before_kib + 64 * 1024,
+        "daemon memory grew from {} to {} KiB",
+        o.rss_before_kib,
+        o.rss_after_kib
+    );
+}
