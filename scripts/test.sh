@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The whole test suite: formatting, lints, unit and protocol tests, and the network
-# namespace integration tests against wireguard-go and boringtun. Run as root on Debian;
+# The whole test suite: formatting, lints, unit and protocol tests, the network
+# namespace integration tests against wireguard-go and boringtun, and every fuzz target
+# for a minute (FUZZ_SECONDS). Run as root on Debian;
 # it installs what it needs first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,3 +16,5 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "== cargo test"
 # Namespace tests share /var/run/wireguard; names are unique, so two at a time is safe.
 cargo test --workspace --locked -- --test-threads 2
+echo "== fuzz targets, ${FUZZ_SECONDS:-60} s each"
+bash scripts/fuzz.sh "${FUZZ_SECONDS:-60}"
