@@ -125,6 +125,11 @@ enum Scenario {
         #[arg(long)]
         rate: Option<u64>,
     },
+    /// Replay a captured transport-data message and initiation TIMES times each.
+    Replay {
+        #[arg(long, default_value_t = 10_000)]
+        times: usize,
+    },
 }
 
 fn seconds_in_range(s: &str) -> std::result::Result<f64, String> {
@@ -406,6 +411,8 @@ fn main() -> ExitCode {
                 rate,
             } => wirelane_lab::robust::flood_scenario(*seconds, *repeats, *rate)
                 .map(|o| wirelane_lab::robust::print_flood(&o)),
+            Scenario::Replay { times } => wirelane_lab::robust::replay_scenario(*times)
+                .map(|o| wirelane_lab::robust::print_replay(&o)),
         },
     };
     match r {
