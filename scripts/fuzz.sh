@@ -24,6 +24,11 @@ if [ ${#targets[@]} -eq 0 ]; then
 fi
 (cd fuzz && cargo +nightly fuzz build)
 
+# AddressSanitizer keeps freed memory in a quarantine of 256 MiB by default, which alone
+# would reach the 256 MiB RSS limit on allocation-heavy targets; a small quarantine
+# keeps the limit about the target's own memory.
+export ASAN_OPTIONS="${ASAN_OPTIONS:-quarantine_size_mb=16}"
+
 status=0
 for t in "${targets[@]}"; do
     corpus="fuzz/corpus/$t"
