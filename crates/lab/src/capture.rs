@@ -241,6 +241,9 @@ fn vector_seeds(vectors: &Path, out: &Path, w: &mut Written) -> Result<()> {
 pub fn run(impls: &[Impl], vectors: Option<&Path>, out: &Path) -> Result<Written> {
     let mut w = Written::default();
     for &which in impls {
+        if which == Impl::None {
+            return Err("capture needs a tunnel; 'none' has no tunnel traffic to capture".into());
+        }
         which.available()?;
         capture_one(which, out, &mut w)?;
     }
