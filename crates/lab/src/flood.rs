@@ -14,6 +14,7 @@
 //! Messages are built once into a pool (mac1 does not cover the IP header), so the
 //! sending loop is only syscalls.
 
+use crate::relay::Rng;
 use crate::Result;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -64,23 +65,8 @@ pub struct FloodReport {
     pub seconds: f64,
 }
 
-struct XorShift(u64);
-impl XorShift {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn fill(&mut self, b: &mut [u8]) {
-        for x in b {
-            *x = self.next() as u8;
-        }
-    }
-}
-
 /// An initiation with random contents, mac1 stamped for the responder (or spoiled).
-fn initiation(rng: &mut XorShift, stamp: &mut CookieGenerator, valid_mac1: bool) -> Vec<u8> {
+fn initiation(rng: &mut Rng, stamp: &mut CookieGenerator, valid_mac1: bool) -> Vec<u8> {
     let mut m = Initiation {
         sender: rng.next() as u32,
         ephemeral: [0; 32],
@@ -102,7 +88,7 @@ fn initiation(rng: &mut XorShift, stamp: &mut CookieGenerator, valid_mac1: bool)
 
 /// Runs the flood in the calling thread's namespace until `duration` passes or `stop`.
 pub fn run(spec: &FloodSpec, stop: &AtomicBool) -> Result<FloodReport> {
-    let mut rng = XorShift(0x9e37_79b9_7f4a_7c15 ^ std::process::id() as u64);
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ std::process::id() as u64);
     let mut gen = CookieGenerator::new(&spec.responder_public);
     let start = Instant::now();
     let mut report = match spec.kind {
@@ -130,7 +116,7 @@ pub const COOKIE_PROBE_LIMIT: Duration = Duration::from_secs(15);
 fn cookie_flood(
     spec: &FloodSpec,
     gen: &mut CookieGenerator,
-    rng: &mut XorShift,
+    rng: &mut Rng,
     stop: &AtomicBool,
 ) -> Result<FloodReport> {
     let sock = UdpSocket::bind(SocketAddrV4::new(spec.source.0, 0))?;
@@ -174,7 +160,7 @@ fn cookie_flood(
 fn raw_flood(
     spec: &FloodSpec,
     pool: &[Vec<u8>],
-    rng: &mut XorShift,
+    rng: &mut Rng,
     stop: &AtomicBool,
 ) -> Result<FloodReport> {
     // SAFETY: socket() with constant arguments; the result is checked and owned.

@@ -46,7 +46,8 @@ pub fn base64_decode_key(s: &str) -> Option<[u8; 32]> {
     out.try_into().ok()
 }
 
-fn base64(bytes: &[u8]) -> String {
+/// Encodes bytes as standard base64 (how `wg` writes keys).
+pub(crate) fn base64(bytes: &[u8]) -> String {
     let mut s = String::new();
     for c in bytes.chunks(3) {
         let n = (c[0] as u32) << 16

@@ -99,10 +99,11 @@ impl Counters {
     }
 }
 
-/// Small fast generator for impairment decisions (not for anything secret).
-struct Rng(u64);
+/// Small fast generator (xorshift64) for the lab's impairment decisions and flood
+/// contents; never for anything secret.
+pub(crate) struct Rng(pub(crate) u64);
 impl Rng {
-    fn next(&mut self) -> u64 {
+    pub(crate) fn next(&mut self) -> u64 {
         self.0 ^= self.0 << 13;
         self.0 ^= self.0 >> 7;
         self.0 ^= self.0 << 17;
@@ -113,6 +114,11 @@ impl Rng {
     }
     fn uniform(&mut self, lo: f64, hi: f64) -> f64 {
         lo + (hi - lo) * ((self.next() >> 11) as f64 / (1u64 << 53) as f64)
+    }
+    pub(crate) fn fill(&mut self, b: &mut [u8]) {
+        for x in b {
+            *x = self.next() as u8;
+        }
     }
 }
 

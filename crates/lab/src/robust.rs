@@ -194,7 +194,7 @@ fn new_peer_handshake(t: &Target) -> Result<Option<f64>> {
          && ip route add 10.82.0.2/32 dev {if_}",
         if_ = d.ifname,
         kf = keyfile.display(),
-        pk = b.ns.run(&format!("wg show {b_if} public-key"))?.trim(),
+        pk = crate::peers::base64(&t.spec.responder_public),
         ep = b.underlay,
         port = b.port,
     ));
