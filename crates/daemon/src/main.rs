@@ -6,7 +6,7 @@ use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::process::ExitCode;
 use std::sync::Arc;
-use wirelane_daemon::{daemonize, listener};
+use wirelane_daemon::{daemonize, listener, privileges};
 use wirelane_dataplane::exec::{workqueue, Model};
 use wirelane_dataplane::{Device, Sockets};
 use wirelane_io::tun::Tun;
@@ -173,6 +173,13 @@ fn run(cli: &Cli, readiness: &mut daemonize::Readiness) -> Result<(), String> {
     let dev = Device::new(tun, sockets).map_err(|e| format!("cannot create device: {e}"))?;
     let uapi = listener::UapiListener::bind(&cli.ifname)
         .map_err(|e| format!("cannot create UAPI socket: {e}"))?;
+    // Setup is done: keep only what the UAPI may still need, before any thread exists.
+    let kept = privileges::drop_all_but(&privileges::KEPT)
+        .map_err(|e| format!("cannot drop capabilities: {e}"))?;
+    tracing::debug!(
+        capabilities = format_args!("{kept:#x}"),
+        "capabilities kept"
+    );
     let workers = cli
         .workers
         .map(usize::from)

@@ -395,3 +395,38 @@ fn showconf_syncconf_and_every_setting_match_wireguard_go() {
     ours.wg(&format!("set IF peer {} remove", keys[1].public));
     assert!(ours.dump_peers().is_empty());
 }
+
+/// Reads one capability line of a /proc status file as a mask.
+fn cap_field(status: &str, field: &str) -> u64 {
+    let line = status
+        .lines()
+        .find(|l| l.starts_with(field))
+        .unwrap_or_else(|| panic!("{field} missing from status"));
+    u64::from_str_radix(line[field.len()..].trim(), 16).unwrap()
+}
+
+#[test]
+fn keeps_only_the_capabilities_it_needs() {
+    require_root();
+    let ns = Netns::new();
+    let d = Daemon::start(Impl::Wirelane, &ns);
+    // What the kept capabilities are for still works after the drop: a fwmark needs
+    // CAP_NET_ADMIN, a port below 1024 CAP_NET_BIND_SERVICE.
+    d.wg("set IF fwmark 0x51 listen-port 853");
+    assert!(d.wg("show IF").contains("listening port: 853"));
+    assert!(d.wg("show IF fwmark").contains("0x51"));
+    let kept = (1u64 << 12) | (1 << 10);
+    let tasks = std::fs::read_dir(format!("/proc/{}/task", d.pid())).unwrap();
+    let mut threads = 0;
+    for t in tasks {
+        let status = std::fs::read_to_string(t.unwrap().path().join("status")).unwrap();
+        for field in ["CapEff:", "CapPrm:", "CapBnd:"] {
+            assert_eq!(cap_field(&status, field), kept, "{field} in\n{status}");
+        }
+        assert_eq!(cap_field(&status, "CapInh:"), 0);
+        assert_eq!(cap_field(&status, "CapAmb:"), 0);
+        assert!(status.contains("NoNewPrivs:\t1"), "{status}");
+        threads += 1;
+    }
+    assert!(threads > 1, "the workers are threads of the daemon");
+}

@@ -85,3 +85,30 @@ impl Peer {
         self.removed.load(Ordering::Acquire)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::packet::HEADROOM;
+
+    #[test]
+    fn staging_is_bounded_and_drops_the_oldest() {
+        let peer = Peer::new(1, [7; 32], [0; 32]);
+        let packets = (0..1000u32).map(|i| {
+            let mut p = Packet::with_capacity(4);
+            p.len = 4;
+            p.buf[HEADROOM..HEADROOM + 4].copy_from_slice(&i.to_le_bytes());
+            p
+        });
+        assert_eq!(peer.stage(packets), 1000 - MAX_STAGED_PACKETS);
+        assert_eq!(peer.staged_len(), MAX_STAGED_PACKETS);
+        let kept = peer.take_staged();
+        let first = u32::from_le_bytes(kept[0].plaintext()[..4].try_into().unwrap());
+        assert_eq!(
+            first,
+            1000 - MAX_STAGED_PACKETS as u32,
+            "the newest are kept"
+        );
+        assert_eq!(peer.staged_len(), 0);
+    }
+}
