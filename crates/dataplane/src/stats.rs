@@ -53,6 +53,9 @@ counters! {
     cookie_replies_sent,
     /// Handshake messages that authenticated with mac1 but failed later.
     handshake_failed,
+    /// Handshakes completed here: initiations answered with a response, and responses
+    /// consumed (each derives a new keypair; a rekey counts once per side).
+    handshakes_completed,
     /// Diffie-Hellman operations spent on received handshake messages.
     handshake_dh,
     /// Serial-stage invocations and the batches they handled (EoI signatures).

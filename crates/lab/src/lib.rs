@@ -6,6 +6,7 @@
 pub mod capture;
 pub mod cpu;
 pub mod crosscheck;
+pub mod faults;
 pub mod flood;
 pub mod hist;
 pub mod impls;

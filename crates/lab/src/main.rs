@@ -5,6 +5,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 use wirelane_lab::impls::Impl;
 use wirelane_lab::matrix::Matrix;
 use wirelane_lab::{record, report, run, summary, Result};
@@ -130,6 +131,19 @@ enum Scenario {
         #[arg(long, default_value_t = 10_000)]
         times: usize,
     },
+    /// Faults on the outer path through the relay: 20% loss (handshakes, TCP), 100%
+    /// duplication, 25% reorder, 1% corruption (paced, content-checked UDP) and a link
+    /// down for DOWN seconds.
+    Faults {
+        /// Length of each UDP and TCP run.
+        #[arg(long, default_value_t = 5.0, value_parser = seconds_in_range)]
+        seconds: f64,
+        #[arg(long, default_value_t = 30.0, value_parser = seconds_in_range)]
+        down: f64,
+    },
+    /// Garbage, forged and replayed messages from a new address must not move the
+    /// peer's endpoint; authenticated data from a new address must.
+    Roaming,
 }
 
 fn seconds_in_range(s: &str) -> std::result::Result<f64, String> {
@@ -413,6 +427,13 @@ fn main() -> ExitCode {
                 .map(|o| wirelane_lab::robust::print_flood(&o)),
             Scenario::Replay { times } => wirelane_lab::robust::replay_scenario(*times)
                 .map(|o| wirelane_lab::robust::print_replay(&o)),
+            Scenario::Faults { seconds, down } => wirelane_lab::faults::all(
+                Duration::from_secs_f64(*seconds),
+                Duration::from_secs_f64(*down),
+            )
+            .map(|f| wirelane_lab::faults::print(&f)),
+            Scenario::Roaming => wirelane_lab::faults::roaming_scenario()
+                .map(|o| wirelane_lab::faults::print_roaming(&o)),
         },
     };
     match r {

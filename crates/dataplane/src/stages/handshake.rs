@@ -105,9 +105,16 @@ pub fn process(dev: &Device, job: HandshakeJob) {
             })
         }
     };
-    if let Err(e) = result {
-        dev.stats.handshake_failed.fetch_add(1, Ordering::Relaxed);
-        tracing::debug!(src = %job.src, error = %e, "handshake message rejected");
+    match result {
+        Ok(()) => {
+            dev.stats
+                .handshakes_completed
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        Err(e) => {
+            dev.stats.handshake_failed.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(src = %job.src, error = %e, "handshake message rejected");
+        }
     }
 }
 

@@ -1,6 +1,7 @@
 //! TCP bulk transfer: N streams from a sender namespace to a receiver namespace for a
 //! fixed duration. Goodput is what the receivers read; retransmissions come from the
-//! senders' TCP_INFO.
+//! senders' TCP_INFO. Senders write one constant byte, so receivers verify every byte
+//! they read.
 
 use super::{in_ns, join, port_from};
 use crate::Result;
@@ -15,7 +16,13 @@ pub struct TcpResult {
     pub seconds: f64,
     pub goodput_bps: f64,
     pub retransmits: u64,
+    /// Bytes read that differ from what the senders wrote.
+    #[serde(default)]
+    pub corrupt_bytes: u64,
 }
+
+/// What every sender writes.
+const FILL: u8 = 0x5a;
 
 fn total_retrans(s: &TcpStream) -> u64 {
     // SAFETY: tcp_info is plain data; getsockopt writes at most `len` bytes into it.
@@ -47,7 +54,7 @@ pub fn bulk(
 ) -> Result<TcpResult> {
     let (tx, rx) = std::sync::mpsc::channel();
     let deadline = Instant::now() + dur + Duration::from_secs(15);
-    let server = in_ns(dst, move || -> Result<(u64, f64)> {
+    let server = in_ns(dst, move || -> Result<(u64, u64, f64)> {
         let l = TcpListener::bind(SocketAddr::new(dst_addr, 0))?;
         tx.send(l.local_addr()?.port())?;
         let mut readers = Vec::new();
@@ -55,9 +62,9 @@ pub fn bulk(
             let mut s = super::accept_until(&l, deadline)?;
             s.set_read_timeout(Some(Duration::from_secs(10)))?;
             readers.push(std::thread::spawn(
-                move || -> (u64, Option<Instant>, Option<Instant>) {
+                move || -> (u64, u64, Option<Instant>, Option<Instant>) {
                     let mut buf = vec![0u8; 256 * 1024];
-                    let (mut total, mut first, mut last) = (0u64, None, None);
+                    let (mut total, mut bad, mut first, mut last) = (0u64, 0u64, None, None);
                     while Instant::now() < deadline {
                         match s.read(&mut buf) {
                             Ok(0) | Err(_) => break,
@@ -66,18 +73,24 @@ pub fn bulk(
                                 first.get_or_insert(now);
                                 last = Some(now);
                                 total += n as u64;
+                                // Compared word-wise by the compiler; far cheaper than
+                                // the read itself.
+                                if buf[..n].iter().any(|&b| b != FILL) {
+                                    bad += buf[..n].iter().filter(|&&b| b != FILL).count() as u64;
+                                }
                             }
                         }
                     }
-                    (total, first, last)
+                    (total, bad, first, last)
                 },
             ));
         }
-        let mut bytes = 0;
+        let (mut bytes, mut corrupt) = (0, 0);
         let (mut first, mut last): (Option<Instant>, Option<Instant>) = (None, None);
         for r in readers {
-            let (b, f, l) = r.join().map_err(|_| "reader panicked")?;
+            let (b, c, f, l) = r.join().map_err(|_| "reader panicked")?;
             bytes += b;
+            corrupt += c;
             first = match (first, f) {
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),
@@ -91,7 +104,7 @@ pub fn bulk(
             (Some(f), Some(l)) => (l - f).as_secs_f64().max(1e-3),
             _ => dur.as_secs_f64(),
         };
-        Ok((bytes, secs))
+        Ok((bytes, corrupt, secs))
     });
     let port = port_from(&rx)?;
     let client = in_ns(src, move || -> Result<u64> {
@@ -101,7 +114,7 @@ pub fn bulk(
             let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(10))?;
             s.set_write_timeout(Some(Duration::from_secs(5)))?;
             writers.push(std::thread::spawn(move || -> u64 {
-                let buf = vec![0x5au8; 128 * 1024];
+                let buf = vec![FILL; 128 * 1024];
                 let end = Instant::now() + dur;
                 while Instant::now() < end {
                     if s.write_all(&buf).is_err() {
@@ -116,11 +129,12 @@ pub fn bulk(
         Ok(writers.into_iter().map(|w| w.join().unwrap_or(0)).sum())
     });
     let retransmits = join(client)?;
-    let (bytes, seconds) = join(server)?;
+    let (bytes, corrupt_bytes, seconds) = join(server)?;
     Ok(TcpResult {
         bytes,
         seconds,
         goodput_bps: bytes as f64 * 8.0 / seconds,
         retransmits,
+        corrupt_bytes,
     })
 }

@@ -1,5 +1,7 @@
 //! UDP stream with sequence numbers: paced (packets per second) or unlimited. The
-//! receiver reports delivered, lost, reordered and duplicated datagrams.
+//! receiver reports delivered, lost, reordered and duplicated datagrams, and datagrams
+//! whose contents differ from what was sent (each carries a pattern derived from its
+//! sequence number).
 
 use super::{in_ns, join, port_from};
 use crate::Result;
@@ -13,9 +15,39 @@ pub struct UdpResult {
     pub lost: u64,
     pub reordered: u64,
     pub duplicates: u64,
+    /// Datagrams delivered with contents other than the sender's.
+    #[serde(default)]
+    pub corrupted: u64,
     pub loss_pct: f64,
     pub delivered_pps: f64,
     pub goodput_bps: f64,
+}
+
+/// Writes the sequence number and the content pattern that goes with it.
+pub fn fill(buf: &mut [u8], seq: u64) {
+    buf[..8].copy_from_slice(&seq.to_le_bytes());
+    let base = pattern_base(seq);
+    for (i, b) in buf[8..].iter_mut().enumerate() {
+        *b = base ^ (i as u8).wrapping_mul(31);
+    }
+}
+
+/// One byte that depends on every bit of `seq`, so a change to the sequence number
+/// itself shows up as a pattern mismatch (with probability 255/256).
+fn pattern_base(seq: u64) -> u8 {
+    (seq.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 56) as u8
+}
+
+/// The sequence number of a datagram `fill` wrote, or `None` if its contents do not
+/// match the pattern its sequence number implies.
+pub fn check(buf: &[u8]) -> Option<u64> {
+    let seq = u64::from_le_bytes(buf.get(..8)?.try_into().ok()?);
+    let base = pattern_base(seq);
+    let intact = buf[8..]
+        .iter()
+        .enumerate()
+        .all(|(i, &b)| b == base ^ (i as u8).wrapping_mul(31));
+    intact.then_some(seq)
 }
 
 /// Receiver-side bookkeeping of sequence numbers.
@@ -62,11 +94,12 @@ pub fn stream(
     let size = size.max(16);
     let (tx, rx) = std::sync::mpsc::channel();
     let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
-    let server = in_ns(dst, move || -> Result<(SeqTracker, f64)> {
+    let server = in_ns(dst, move || -> Result<(SeqTracker, u64, f64)> {
         let s = UdpSocket::bind(SocketAddr::new(dst_addr, 0))?;
         s.set_read_timeout(Some(Duration::from_millis(100)))?;
         tx.send(s.local_addr()?.port())?;
         let mut t = SeqTracker::default();
+        let mut corrupted = 0u64;
         let mut buf = vec![0u8; 65536];
         let (mut first, mut last) = (None, None);
         let hard_end = Instant::now() + dur + Duration::from_secs(15);
@@ -82,11 +115,12 @@ pub fn stream(
                 sender_done_at = Some(now);
             }
             if let Ok(n) = s.recv(&mut buf) {
-                if n >= 8 {
-                    let now = Instant::now();
-                    first.get_or_insert(now);
-                    last = Some(now);
-                    t.record(u64::from_le_bytes(buf[..8].try_into().expect("8 bytes")));
+                let now = Instant::now();
+                first.get_or_insert(now);
+                last = Some(now);
+                match check(&buf[..n]).filter(|_| n == size) {
+                    Some(seq) => t.record(seq),
+                    None => corrupted += 1,
                 }
             }
         }
@@ -94,7 +128,7 @@ pub fn stream(
             (Some(f), Some(l)) if l > f => (l - f).as_secs_f64(),
             _ => dur.as_secs_f64(),
         };
-        Ok((t, secs))
+        Ok((t, corrupted, secs))
     });
     let port = port_from(&rx)?;
     let client = in_ns(src, move || -> Result<u64> {
@@ -120,7 +154,7 @@ pub fn stream(
                     continue;
                 }
             }
-            buf[..8].copy_from_slice(&seq.to_le_bytes());
+            fill(&mut buf, seq);
             // ENOBUFS and friends mean the datagram was not sent: count only successes.
             if s.send(&buf).is_ok() {
                 seq += 1;
@@ -130,7 +164,7 @@ pub fn stream(
     });
     let sent = join(client)?;
     let _ = done_tx.send(());
-    let (t, secs) = join(server)?;
+    let (t, corrupted, secs) = join(server)?;
     let lost = sent.saturating_sub(t.unique);
     Ok(UdpResult {
         sent,
@@ -138,6 +172,7 @@ pub fn stream(
         lost,
         reordered: t.reordered,
         duplicates: t.duplicates,
+        corrupted,
         loss_pct: if sent > 0 {
             lost as f64 * 100.0 / sent as f64
         } else {
@@ -150,7 +185,19 @@ pub fn stream(
 
 #[cfg(test)]
 mod tests {
-    use super::SeqTracker;
+    use super::{check, fill, SeqTracker};
+
+    #[test]
+    fn content_pattern_catches_any_changed_byte() {
+        let mut b = vec![0u8; 1380];
+        fill(&mut b, 123_456);
+        assert_eq!(check(&b), Some(123_456));
+        for i in [0, 7, 8, 700, 1379] {
+            b[i] ^= 0x10;
+            assert_eq!(check(&b).filter(|&s| s == 123_456), None, "flip at {i}");
+            b[i] ^= 0x10;
+        }
+    }
 
     #[test]
     fn tracks_loss_reorder_duplicates() {
