@@ -367,7 +367,7 @@ mod tests {
                 bytes: (gbps * 1.25e8) as u64,
                 seconds: 1.0,
                 goodput_bps: gbps * 1e9,
-                retransmits: 0,
+                ..Default::default()
             }],
             udp: None,
             latency: None,
