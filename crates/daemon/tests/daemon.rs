@@ -262,12 +262,12 @@ fn rss_kib(pid: u32) -> u64 {
 }
 
 #[test]
-fn ten_thousand_peers_setconf() {
+fn sixty_five_thousand_peers_setconf() {
     require_root();
     let ns = Netns::new();
     let d = Daemon::start(Impl::Wirelane, &ns);
-    let n = 10_000;
-    let path = std::env::temp_dir().join(format!("{}-10k.conf", d.ifname));
+    let n = 65_536;
+    let path = std::env::temp_dir().join(format!("{}-64k.conf", d.ifname));
     std::fs::write(&path, wirelane_lab::peers::config(n, &genkeys().private)).unwrap();
     let rss_before = rss_kib(d.pid());
     let t = Instant::now();
@@ -276,7 +276,7 @@ fn ten_thousand_peers_setconf() {
     let rss_after = rss_kib(d.pid());
     let per_peer = (rss_after.saturating_sub(rss_before) * 1024) as f64 / n as f64;
     eprintln!(
-        "10k-peer setconf: {took:?}, RSS {rss_before} KiB -> {rss_after} KiB, {per_peer:.0} B/peer"
+        "{n}-peer setconf: {took:?}, RSS {rss_before} KiB -> {rss_after} KiB, {per_peer:.0} B/peer"
     );
     let dump = d.wg("show IF dump");
     assert_eq!(dump.lines().count(), n + 1);

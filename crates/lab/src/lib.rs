@@ -4,6 +4,7 @@
 //! HTML/Markdown reports.
 
 pub mod capture;
+pub mod churn;
 pub mod cpu;
 pub mod crosscheck;
 pub mod faults;
@@ -14,6 +15,7 @@ pub mod matrix;
 pub mod netns;
 pub mod peers;
 pub mod record;
+pub mod rekey;
 pub mod relay;
 pub mod report;
 pub mod robust;

@@ -144,6 +144,29 @@ enum Scenario {
     /// Garbage, forged and replayed messages from a new address must not move the
     /// peer's endpoint; authenticated data from a new address must.
     Roaming,
+    /// Bulk TCP while B's configuration churns (peers added and removed, keys and
+    /// preshared keys replaced, prefixes covering the tunnel moved between decoys):
+    /// memory, descriptors, threads and misrouted packets over time.
+    Churn {
+        #[arg(long, default_value_t = 600.0, value_parser = seconds_in_range)]
+        seconds: f64,
+        /// Length of each TCP run; the daemon is sampled after each.
+        #[arg(long, default_value_t = 10.0, value_parser = seconds_in_range)]
+        chunk: f64,
+    },
+    /// A paced UDP stream long enough for several rekeys (one per 120 s): handshakes
+    /// completed, and loss, duplicates, reordering and corruption across them.
+    Rekey {
+        #[arg(long, default_value_t = 540.0, value_parser = seconds_in_range)]
+        seconds: f64,
+        #[arg(long, default_value_t = 2_000)]
+        pps: u64,
+    },
+    /// Interface down/up cycles: descriptors, threads and memory before and after.
+    Updown {
+        #[arg(long, default_value_t = 500)]
+        cycles: usize,
+    },
 }
 
 fn seconds_in_range(s: &str) -> std::result::Result<f64, String> {
@@ -434,6 +457,17 @@ fn main() -> ExitCode {
             .map(|f| wirelane_lab::faults::print(&f)),
             Scenario::Roaming => wirelane_lab::faults::roaming_scenario()
                 .map(|o| wirelane_lab::faults::print_roaming(&o)),
+            Scenario::Churn { seconds, chunk } => wirelane_lab::churn::churn_scenario(
+                Duration::from_secs_f64(*seconds),
+                Duration::from_secs_f64(*chunk),
+            )
+            .map(|o| wirelane_lab::churn::print_churn(&o)),
+            Scenario::Rekey { seconds, pps } => {
+                wirelane_lab::rekey::rekey_scenario(Duration::from_secs_f64(*seconds), *pps)
+                    .map(|o| wirelane_lab::rekey::print_rekey(&o))
+            }
+            Scenario::Updown { cycles } => wirelane_lab::churn::updown_scenario(*cycles)
+                .map(|o| wirelane_lab::churn::print_updown(&o)),
         },
     };
     match r {
