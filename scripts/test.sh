@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite: formatting, lints, unit and protocol tests, the network
-# namespace integration tests against wireguard-go and boringtun, and every fuzz target
-# for a minute (FUZZ_SECONDS). Run as root on Debian;
+# namespace integration tests against wireguard-go and boringtun, Miri and
+# AddressSanitizer runs (scripts/sanitize.sh), and every fuzz target for a minute
+# (FUZZ_SECONDS). Run as root on Debian;
 # it installs what it needs first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,5 +17,7 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "== cargo test"
 # Namespace tests share /var/run/wireguard; names are unique, so two at a time is safe.
 cargo test --workspace --locked -- --test-threads 2
+echo "== Miri and AddressSanitizer"
+bash scripts/sanitize.sh
 echo "== fuzz targets, ${FUZZ_SECONDS:-60} s each"
 bash scripts/fuzz.sh "${FUZZ_SECONDS:-60}"

@@ -62,6 +62,10 @@ pub struct ChurnOutcome {
     pub sink_datagrams: u64,
     pub tcp_corrupt_bytes: u64,
     pub tcp_retransmits: u64,
+    /// B's descriptors and threads before the churn started and after it stopped
+    /// (samples during the churn may catch a UAPI connection's socket and thread).
+    pub quiet_before: (usize, usize),
+    pub quiet_after: (usize, usize),
 }
 
 #[derive(Default)]
@@ -168,6 +172,10 @@ pub fn churn_scenario(total: Duration, chunk: Duration) -> Result<ChurnOutcome> 
         })
     };
     tcp::bulk(&a, &b, tun.addr_b, 1, Duration::from_millis(300))?; // handshake
+    let mut o = ChurnOutcome {
+        quiet_before: fds_and_threads(pid)?,
+        ..Default::default()
+    };
     let counts = Arc::new(ChurnCounts::default());
     let churner = {
         let (stop, counts, ifname) = (stop.clone(), counts.clone(), b_if.clone());
@@ -180,7 +188,6 @@ pub fn churn_scenario(total: Duration, chunk: Duration) -> Result<ChurnOutcome> 
             }
         })
     };
-    let mut o = ChurnOutcome::default();
     let start = Instant::now();
     let result = (|| -> Result<()> {
         while start.elapsed() < total {
@@ -203,6 +210,8 @@ pub fn churn_scenario(total: Duration, chunk: Duration) -> Result<ChurnOutcome> 
     let _ = churner.join();
     o.sink_datagrams = join(sink)?;
     result?;
+    std::thread::sleep(Duration::from_millis(200)); // the last UAPI connection closes
+    o.quiet_after = fds_and_threads(pid)?;
     let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
     o.peers_added = g(&counts.added);
     o.peers_removed = g(&counts.removed);
@@ -232,6 +241,10 @@ pub fn print_churn(o: &ChurnOutcome) {
     println!(
         "misrouted (datagrams at the decoys' sink): {}; TCP corrupt bytes: {}; TCP retransmits: {}",
         o.sink_datagrams, o.tcp_corrupt_bytes, o.tcp_retransmits
+    );
+    println!(
+        "descriptors / threads with no UAPI client: {} / {} before the churn, {} / {} after",
+        o.quiet_before.0, o.quiet_before.1, o.quiet_after.0, o.quiet_after.1
     );
 }
 

@@ -92,11 +92,16 @@ impl Netns {
 
     /// Moves the calling thread into this namespace (network only).
     pub fn enter(&self) {
-        let f = File::open(format!("/var/run/netns/{}", self.name)).expect("netns handle");
-        // SAFETY: setns on a valid namespace fd affects only the calling thread.
-        let r = unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) };
-        assert_eq!(r, 0, "setns failed: {}", std::io::Error::last_os_error());
+        enter_ns(&self.name);
     }
+}
+
+/// Moves the calling thread into the network namespace `name`.
+pub fn enter_ns(name: &str) {
+    let f = File::open(format!("/var/run/netns/{name}")).expect("netns handle");
+    // SAFETY: setns on a valid namespace fd affects only the calling thread.
+    let r = unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) };
+    assert_eq!(r, 0, "setns failed: {}", std::io::Error::last_os_error());
 }
 
 impl Drop for Netns {
@@ -368,13 +373,10 @@ impl Stream {
 pub fn tcp_transfer(from: &Netns, to: &Netns, to_addr: IpAddr, bytes: usize, timeout: Duration) {
     let seed = COUNTER.fetch_add(1, Ordering::Relaxed) as u64 * 0x9e37 + 7;
     let (tx, rx) = std::sync::mpsc::channel();
-    let to_name = Netns {
-        name: to.name.clone(),
-    };
+    let to_name = to.name.clone();
     let deadline = Instant::now() + timeout;
     let server = std::thread::spawn(move || -> Result<usize, String> {
-        to_name.enter();
-        std::mem::forget(to_name); // Not ours to delete.
+        enter_ns(&to_name);
         let l = TcpListener::bind(SocketAddr::new(to_addr, 0)).map_err(|e| e.to_string())?;
         tx.send(l.local_addr().unwrap().port()).unwrap();
         l.set_nonblocking(true).unwrap();
@@ -415,12 +417,9 @@ pub fn tcp_transfer(from: &Netns, to: &Netns, to_addr: IpAddr, bytes: usize, tim
     let port = rx
         .recv_timeout(Duration::from_secs(10))
         .expect("server did not start");
-    let from_name = Netns {
-        name: from.name.clone(),
-    };
+    let from_name = from.name.clone();
     let client = std::thread::spawn(move || -> Result<(), String> {
-        from_name.enter();
-        std::mem::forget(from_name);
+        enter_ns(&from_name);
         let addr = SocketAddr::new(to_addr, port);
         let mut s = loop {
             match TcpStream::connect_timeout(&addr, Duration::from_secs(5)) {
