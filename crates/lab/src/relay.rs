@@ -292,6 +292,9 @@ impl Drop for Relay {
     }
 }
 
+/// Longest a datagram is held back for reordering when nothing follows it.
+const HOLD_LIMIT: Duration = Duration::from_millis(5);
+
 fn run(
     mut sa: Side,
     mut sb: Side,
@@ -303,18 +306,23 @@ fn run(
 ) {
     let mut rng = Rng(0x2545_f491_4f6c_dd1d);
     let mut queue: BinaryHeap<Reverse<Pending>> = BinaryHeap::new();
-    // A datagram held back for reordering, per direction: it is released after the next.
-    let mut held: [Option<Vec<u8>>; 2] = [None, None];
+    // A datagram held back for reordering, per direction: it is released after the next,
+    // or after HOLD_LIMIT when no next one comes (the end of a stream), so reordering
+    // never turns into loss.
+    let mut held: [Option<(Instant, Vec<u8>)>; 2] = [None, None];
     let mut seq = 0u64;
     let mut buf = vec![0u8; 65536];
     let base_delay = Duration::from_secs_f64(imp.delay_ms / 1000.0);
     while !stop.load(Ordering::Relaxed) {
         // Wait for input or the next due datagram, at most 50 ms.
-        let wait = queue
+        let mut wait = queue
             .peek()
             .map(|Reverse(p)| p.due.saturating_duration_since(Instant::now()))
             .unwrap_or(Duration::from_millis(50))
             .min(Duration::from_millis(50));
+        if held.iter().any(Option::is_some) {
+            wait = wait.min(HOLD_LIMIT);
+        }
         let mut fds = [
             libc::pollfd {
                 fd: std::os::fd::AsRawFd::as_raw_fd(&sa.sock),
@@ -368,9 +376,9 @@ fn run(
                     out.push(data.clone());
                 }
                 if rng.chance(imp.reorder) && held[dir].is_none() {
-                    held[dir] = out.pop();
+                    held[dir] = out.pop().map(|d| (Instant::now(), d));
                     counters.reordered.fetch_add(1, Ordering::Relaxed);
-                } else if let Some(h) = held[dir].take() {
+                } else if let Some((_, h)) = held[dir].take() {
                     out.push(h); // The held one goes after this newer one.
                 }
                 for d in out {
@@ -391,6 +399,18 @@ fn run(
             }
         }
         let now = Instant::now();
+        for (dir, h) in held.iter_mut().enumerate() {
+            if h.as_ref().is_some_and(|(at, _)| now - *at >= HOLD_LIMIT) {
+                let (_, data) = h.take().expect("checked");
+                seq += 1;
+                queue.push(Reverse(Pending {
+                    due: now,
+                    seq,
+                    to_b: dir == 0,
+                    data,
+                }));
+            }
+        }
         while queue.peek().is_some_and(|Reverse(p)| p.due <= now) {
             let Reverse(p) = queue.pop().expect("peeked");
             let (sock, dest, counters) = if p.to_b {
