@@ -83,11 +83,11 @@ fn sustained_traffic_across_many_rekeys_loses_nothing() {
     let mut sent = [0u32; 2];
     let steps = 10 * 60 * 10;
     for _ in 0..steps {
-        for i in 0..2 {
+        for (i, count) in sent.iter_mut().enumerate() {
             let mut p = vec![i as u8; 32];
-            p[1..5].copy_from_slice(&sent[i].to_le_bytes());
+            p[1..5].copy_from_slice(&count.to_le_bytes());
             s.app_send(i, &p);
-            sent[i] += 1;
+            *count += 1;
         }
         s.advance(100 * MS, 100 * MS);
     }
