@@ -463,8 +463,28 @@ pub fn replay_scenario(times: usize) -> Result<ReplayOutcome> {
         o.initiation_injected += relay.inject(true, &initiation, 100);
         std::thread::sleep(Duration::from_millis(2));
     }
-    std::thread::sleep(Duration::from_millis(500));
-    let after = uapi::stats(&b_if)?;
+    // Settle: the handshake queue empty and the refusal counters still (the niced
+    // handshake thread may lag behind on a busy machine).
+    let settle_by = Instant::now() + Duration::from_secs(10);
+    let mut after = uapi::stats(&b_if)?;
+    loop {
+        std::thread::sleep(Duration::from_millis(300));
+        let now = uapi::stats(&b_if)?;
+        let refused = |s: &BTreeMap<String, u64>| {
+            [
+                "rx_replayed",
+                "handshake_failed",
+                "handshake_queue_full",
+                "cookie_replies_sent",
+            ]
+            .map(|k| counter(s, k))
+        };
+        let still = refused(&now) == refused(&after) && counter(&now, "handshake_queue") == 0;
+        after = now;
+        if still || Instant::now() > settle_by {
+            break;
+        }
+    }
     o.rx_replayed = delta(&before, &after, "rx_replayed");
     o.handshake_rejected = delta(&before, &after, "handshake_failed");
     o.handshake_queue_full = delta(&before, &after, "handshake_queue_full");

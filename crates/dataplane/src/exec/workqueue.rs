@@ -153,6 +153,7 @@ fn handshake_worker(dev: &Device) {
     if r != 0 {
         tracing::debug!("could not lower the handshake thread's priority");
     }
+    let mut scratch = stages::handshake::HandshakeScratch::new();
     loop {
         // The cookie lane first, always (see Device::cookie_lane_tx).
         let job = dev
@@ -160,9 +161,11 @@ fn handshake_worker(dev: &Device) {
             .try_recv()
             .or_else(|_| dev.handshake_rx.try_recv());
         match job {
-            Ok(job) => stages::handshake::process(dev, job),
+            Ok(job) => stages::handshake::process(dev, job, &mut scratch),
             Err(_) if dev.stopping() => return,
             Err(_) => {
+                // Nothing queued: what is batched goes out before we sleep.
+                scratch.flush(dev);
                 // Both empty: sleep until either has something. The device holds both
                 // senders, so neither channel can disconnect while we run.
                 let mut sel = crossbeam_channel::Select::new();

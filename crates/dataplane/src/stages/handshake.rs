@@ -4,20 +4,84 @@
 //!
 //! Cost control: mac1 is checked before anything else, so junk costs one BLAKE2s and
 //! no Diffie-Hellman; under load a valid mac2 (cookie) and the per-source rate limit
-//! are required too.
+//! are required too. Cookie replies, the one answer a flood earns, are made cheap: their
+//! nonces come from a user-space keystream and they leave in batches of
+//! [`COOKIE_REPLY_BATCH`], one `sendmmsg` each, flushed early whenever the handshake
+//! queues run empty.
 
 use crate::device::{Device, HandshakeJob};
+use rand_core::{OsRng, RngCore};
+use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use wirelane_proto::cookie::{GateDrop, GateVerdict};
+use wirelane_proto::crypto::KeystreamRng;
 use wirelane_proto::handshake::consume_initiation_phase1;
+use wirelane_proto::messages::COOKIE_REPLY_LEN;
 use wirelane_proto::messages::{CookieReply, Initiation, Kind, Response};
+
+/// Most cookie replies held back before they are sent together.
+pub const COOKIE_REPLY_BATCH: usize = 32;
+
+/// The handshake thread's own state: cookie replies not sent yet, and the generator for
+/// their nonces.
+pub struct HandshakeScratch {
+    replies: Vec<([u8; COOKIE_REPLY_LEN], SocketAddr)>,
+    rng: KeystreamRng,
+}
+
+impl HandshakeScratch {
+    pub fn new() -> HandshakeScratch {
+        let mut seed = [0u8; 32];
+        OsRng.fill_bytes(&mut seed);
+        HandshakeScratch {
+            replies: Vec::with_capacity(COOKIE_REPLY_BATCH),
+            rng: KeystreamRng::from_seed(seed),
+        }
+    }
+
+    /// Sends the pending cookie replies, one batch per socket family.
+    pub fn flush(&mut self, dev: &Device) {
+        if self.replies.is_empty() {
+            return;
+        }
+        let sockets = dev.sockets();
+        for sock in [&sockets.v4, &sockets.v6].into_iter().flatten() {
+            let batch: Vec<(&[u8], SocketAddr)> = self
+                .replies
+                .iter()
+                .filter(|(_, dst)| {
+                    sockets
+                        .for_destination(dst)
+                        .is_some_and(|s| Arc::ptr_eq(s, sock))
+                })
+                .map(|(b, dst)| (&b[..], *dst))
+                .collect();
+            if batch.is_empty() {
+                continue;
+            }
+            if let Ok(n) = sock.send_batch(&batch) {
+                dev.stats
+                    .cookie_replies_sent
+                    .fetch_add(n as u64, Ordering::Relaxed);
+            }
+        }
+        self.replies.clear();
+    }
+}
+
+impl Default for HandshakeScratch {
+    fn default() -> Self {
+        Self::new()
+    }
+}
 
 enum Message {
     Initiation(Initiation),
     Response(Response),
 }
 
-pub fn process(dev: &Device, job: HandshakeJob) {
+pub fn process(dev: &Device, job: HandshakeJob, scratch: &mut HandshakeScratch) {
     let Some(identity) = dev.identity() else {
         return;
     };
@@ -44,19 +108,15 @@ pub fn process(dev: &Device, job: HandshakeJob) {
             &job.src,
             dev.under_load(),
             now,
-            &mut rand_core::OsRng,
+            &mut scratch.rng,
         )
     };
     match verdict {
         GateVerdict::Process => {}
         GateVerdict::SendCookieReply(reply) => {
-            let sockets = dev.sockets();
-            if let Some(s) = sockets.for_destination(&job.src) {
-                if s.send_to(&reply.to_bytes(), &job.src).is_ok() {
-                    dev.stats
-                        .cookie_replies_sent
-                        .fetch_add(1, Ordering::Relaxed);
-                }
+            scratch.replies.push((reply.to_bytes(), job.src));
+            if scratch.replies.len() >= COOKIE_REPLY_BATCH {
+                scratch.flush(dev);
             }
             return;
         }
