@@ -17,8 +17,7 @@ use std::sync::Arc;
 use wirelane_proto::cookie::{GateDrop, GateVerdict};
 use wirelane_proto::crypto::KeystreamRng;
 use wirelane_proto::handshake::consume_initiation_phase1;
-use wirelane_proto::messages::COOKIE_REPLY_LEN;
-use wirelane_proto::messages::{CookieReply, Initiation, Kind, Response};
+use wirelane_proto::messages::{CookieReply, Initiation, Kind, Response, COOKIE_REPLY_LEN};
 
 /// Most cookie replies held back before they are sent together.
 pub const COOKIE_REPLY_BATCH: usize = 32;
