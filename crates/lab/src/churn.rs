@@ -20,6 +20,7 @@ use std::net::{SocketAddr, UdpSocket};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use wirelane_proto::hex_key;
 
 /// Decoys alive at once; churn adds and removes around this many.
 const DECOYS: usize = 1_000;
@@ -31,13 +32,6 @@ pub fn fds_and_threads(pid: u32) -> Result<(usize, usize)> {
         std::fs::read_dir(format!("/proc/{pid}/fd"))?.count(),
         std::fs::read_dir(format!("/proc/{pid}/task"))?.count(),
     ))
-}
-
-fn hex(b: &[u8; 32]) -> String {
-    b.iter().fold(String::with_capacity(64), |mut s, x| {
-        let _ = write!(s, "{x:02x}");
-        s
-    })
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -110,8 +104,8 @@ fn churn_round(
         let _ = write!(
             set,
             "\npublic_key={}\npreshared_key={}\nendpoint={sink}\nallowed_ip={allowed}",
-            hex(&k),
-            hex(&key(rng))
+            hex_key(&k),
+            hex_key(&key(rng))
         );
         decoys.push_back((k, allowed));
     }
@@ -123,23 +117,23 @@ fn churn_round(
         let _ = write!(
             set,
             "\npublic_key={}\nremove=true\npublic_key={}\nendpoint={sink}\nallowed_ip={allowed}",
-            hex(&old),
-            hex(&new)
+            hex_key(&old),
+            hex_key(&new)
         );
         decoys[i].0 = new;
         let j = (rng.next() as usize) % decoys.len();
         let _ = write!(
             set,
             "\npublic_key={}\npreshared_key={}",
-            hex(&decoys[j].0),
-            hex(&key(rng))
+            hex_key(&decoys[j].0),
+            hex_key(&key(rng))
         );
     }
     c.keys.fetch_add(8, Ordering::Relaxed);
     c.psks.fetch_add(8, Ordering::Relaxed);
     while decoys.len() > DECOYS {
         let (old, _) = decoys.pop_front().expect("non-empty");
-        let _ = write!(set, "\npublic_key={}\nremove=true", hex(&old));
+        let _ = write!(set, "\npublic_key={}\nremove=true", hex_key(&old));
         c.removed.fetch_add(1, Ordering::Relaxed);
     }
     if uapi::request(ifname, &set).is_err() {

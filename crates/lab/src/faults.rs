@@ -111,14 +111,7 @@ pub fn stream_scenario(imp: Impairment, dur: Duration) -> Result<StreamFault> {
     let d = |k| delta(&before, &after, k);
     Ok(StreamFault {
         udp,
-        relay: CounterSnapshot {
-            received: relay_after.received - relay_before.received,
-            forwarded: relay_after.forwarded - relay_before.forwarded,
-            dropped: relay_after.dropped - relay_before.dropped,
-            duplicated: relay_after.duplicated - relay_before.duplicated,
-            reordered: relay_after.reordered - relay_before.reordered,
-            corrupted: relay_after.corrupted - relay_before.corrupted,
-        },
+        relay: relay_after.since(&relay_before),
         rx_replayed: d("rx_replayed"),
         rx_auth_failed: d("rx_auth_failed"),
         rx_dropped_early: d("rx_malformed") + d("rx_unknown_index"),
@@ -255,16 +248,30 @@ pub struct AllFaults {
 }
 
 pub fn all(stream: Duration, down: Duration) -> Result<AllFaults> {
-    let with = |f: fn(&mut Impairment)| {
-        let mut imp = Impairment::default();
-        f(&mut imp);
-        imp
-    };
+    let none = Impairment::default;
     Ok(AllFaults {
         loss: loss_scenario(20.0, 5, stream)?,
-        duplicate: stream_scenario(with(|i| i.duplicate = 100.0), stream)?,
-        reorder: stream_scenario(with(|i| i.reorder = 25.0), stream)?,
-        corrupt: stream_scenario(with(|i| i.corrupt = 1.0), stream)?,
+        duplicate: stream_scenario(
+            Impairment {
+                duplicate: 100.0,
+                ..none()
+            },
+            stream,
+        )?,
+        reorder: stream_scenario(
+            Impairment {
+                reorder: 25.0,
+                ..none()
+            },
+            stream,
+        )?,
+        corrupt: stream_scenario(
+            Impairment {
+                corrupt: 1.0,
+                ..none()
+            },
+            stream,
+        )?,
         link_down: link_down_scenario(down)?,
     })
 }

@@ -85,6 +85,20 @@ pub struct CounterSnapshot {
     pub corrupted: u64,
 }
 
+impl CounterSnapshot {
+    /// What was counted between `earlier` and this snapshot.
+    pub fn since(&self, earlier: &CounterSnapshot) -> CounterSnapshot {
+        CounterSnapshot {
+            received: self.received - earlier.received,
+            forwarded: self.forwarded - earlier.forwarded,
+            dropped: self.dropped - earlier.dropped,
+            duplicated: self.duplicated - earlier.duplicated,
+            reordered: self.reordered - earlier.reordered,
+            corrupted: self.corrupted - earlier.corrupted,
+        }
+    }
+}
+
 impl Counters {
     pub fn snapshot(&self) -> CounterSnapshot {
         let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
