@@ -23,6 +23,10 @@ pub const KEPT: [u32; 2] = [CAP_NET_ADMIN, CAP_NET_BIND_SERVICE];
 
 const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
 
+/// prctl is variadic: unused arguments go as full-width zeros, since the kernel refuses
+/// these options unless they are exactly zero.
+const NIL: libc::c_ulong = 0;
+
 #[repr(C)]
 struct CapHeader {
     version: u32,
@@ -63,7 +67,8 @@ fn last_cap() -> u32 {
     std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
         .ok()
         .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(40)
+        // Unknown: try every possible capability; the kernel refuses those it lacks.
+        .unwrap_or(63)
         .min(63)
 }
 
@@ -79,24 +84,26 @@ pub fn drop_all_but(keep: &[u32]) -> io::Result<u64> {
         for cap in 0..=last_cap() {
             if kept & (1 << cap) == 0 {
                 // SAFETY: plain prctl; EINVAL for a capability this kernel lacks is fine.
-                let r =
-                    unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0) };
+                let r = unsafe {
+                    libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, NIL, NIL, NIL)
+                };
                 if r != 0 && io::Error::last_os_error().raw_os_error() != Some(libc::EINVAL) {
                     return Err(io::Error::last_os_error());
                 }
             }
         }
     }
-    // SAFETY: plain prctl calls with constant arguments.
+    // SAFETY: plain prctl calls with constant arguments. Clearing the ambient set cannot
+    // fail in a way that matters: capset below empties it anyway (inheritable = 0).
     unsafe {
         libc::prctl(
             libc::PR_CAP_AMBIENT,
             libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong,
-            0,
-            0,
-            0,
+            NIL,
+            NIL,
+            NIL,
         );
-        if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
+        if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1 as libc::c_ulong, NIL, NIL, NIL) != 0 {
             return Err(io::Error::last_os_error());
         }
     }

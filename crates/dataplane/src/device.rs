@@ -56,7 +56,7 @@ impl PeerTable {
 }
 
 /// The bound UDP sockets and their settings.
-#[derive(Default)]
+#[derive(Default, Clone)]
 pub struct Sockets {
     pub v4: Option<Arc<UdpSocket>>,
     pub v6: Option<Arc<UdpSocket>>,

@@ -260,10 +260,23 @@ impl UdpSocket {
         Ok(got)
     }
 
-    /// Sends each `(payload, destination)`; returns how many the kernel took. Stops at
-    /// the first failure that is not about one datagram only.
+    /// Sends each `(payload, destination)`; returns how many the kernel took. A full send
+    /// buffer is waited out (backpressure for the data path); an unreachable
+    /// destination fails only its own datagram. Stops at the first other failure.
     pub fn send_batch(&self, msgs: &[(&[u8], SocketAddr)]) -> io::Result<usize> {
-        let mut sent = 0;
+        self.send_mmsg(msgs, true)
+    }
+
+    /// As [`send_batch`](Self::send_batch), but never waits: what does not fit in the
+    /// send buffer is dropped. For answers that are worthless late (cookie replies).
+    pub fn try_send_batch(&self, msgs: &[(&[u8], SocketAddr)]) -> io::Result<usize> {
+        self.send_mmsg(msgs, false)
+    }
+
+    fn send_mmsg(&self, msgs: &[(&[u8], SocketAddr)], wait_for_room: bool) -> io::Result<usize> {
+        // `next` is the first datagram not yet handed to the kernel; `accepted` counts
+        // only those the kernel took, not those skipped after a failure of their own.
+        let (mut next, mut accepted) = (0, 0);
         let mut names: Vec<_> = msgs
             .iter()
             .map(|(_, dst)| to_sockaddr(&self.map_destination(dst)))
@@ -281,19 +294,24 @@ impl UdpSocket {
             hdrs[i].msg_hdr.msg_iov = &mut iovs[i];
             hdrs[i].msg_hdr.msg_iovlen = 1;
         }
-        while sent < msgs.len() {
+        let flags = if wait_for_room { 0 } else { libc::MSG_DONTWAIT };
+        while next < msgs.len() {
             // SAFETY: headers point at live buffers for the duration of the call.
             let r = unsafe {
                 libc::sendmmsg(
                     self.fd(),
-                    hdrs[sent..].as_mut_ptr(),
-                    (msgs.len() - sent) as _,
-                    0,
+                    hdrs[next..].as_mut_ptr(),
+                    (msgs.len() - next) as _,
+                    flags,
                 )
             };
             match cvt(r) {
-                Ok(k) => sent += k as usize,
+                Ok(k) => {
+                    next += k as usize;
+                    accepted += k as usize;
+                }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock && !wait_for_room => break,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     // The send buffer is full: wait for room instead of dropping.
                     let mut p = libc::pollfd {
@@ -305,11 +323,11 @@ impl UdpSocket {
                     unsafe { libc::poll(&mut p, 1, 100) };
                 }
                 // An unreachable destination fails only its own datagram: skip it.
-                Err(_) if sent + 1 < msgs.len() => sent += 1,
-                Err(e) => return if sent > 0 { Ok(sent) } else { Err(e) },
+                Err(_) if next + 1 < msgs.len() => next += 1,
+                Err(e) => return if accepted > 0 { Ok(accepted) } else { Err(e) },
             }
         }
-        Ok(sent)
+        Ok(accepted)
     }
 
     /// An IPv4 destination on an IPv6 socket is not possible (V6ONLY); callers pick the

@@ -204,8 +204,15 @@ pub fn churn_scenario(total: Duration, chunk: Duration) -> Result<ChurnOutcome> 
     let _ = churner.join();
     o.sink_datagrams = join(sink)?;
     result?;
-    std::thread::sleep(Duration::from_millis(200)); // the last UAPI connection closes
-    o.quiet_after = fds_and_threads(pid)?;
+    // The last UAPI connection's thread and socket take a moment to go.
+    let settle_by = Instant::now() + Duration::from_secs(5);
+    loop {
+        o.quiet_after = fds_and_threads(pid)?;
+        if o.quiet_after == o.quiet_before || Instant::now() > settle_by {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
     o.peers_added = g(&counts.added);
     o.peers_removed = g(&counts.removed);

@@ -418,7 +418,7 @@ fn run(
                 let (_, data) = h.take().expect("checked");
                 seq += 1;
                 queue.push(Reverse(Pending {
-                    due: now,
+                    due: now + base_delay,
                     seq,
                     to_b: dir == 0,
                     data,

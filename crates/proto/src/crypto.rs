@@ -191,7 +191,7 @@ pub fn xaead_open(
 }
 
 /// A user-space random generator for values drawn per message under load (the cookie
-/// reply nonce): the ChaCha20 keystream under a secret key, as the output of sealing
+/// reply nonce, and the cookie secret when it rotates): the ChaCha20 keystream under a secret key, as the output of sealing
 /// zeros with successive counters. One `getrandom` seeds it; each refill then yields
 /// 1 KiB, about forty nonces, without a system call. Distinct counters under one key
 /// never repeat a keystream block, which is what nonce uniqueness needs.
@@ -212,6 +212,14 @@ impl KeystreamRng {
             buf: Vec::new(),
             pos: 0,
         }
+    }
+
+    /// Keyed straight from `seed_source` (the OS generator), leaving no copy of the key
+    /// behind.
+    pub fn from_rng(seed_source: &mut dyn rand_core::RngCore) -> KeystreamRng {
+        let mut rng = KeystreamRng::from_seed([0; KEY_LEN]);
+        seed_source.fill_bytes(&mut rng.key);
+        rng
     }
 }
 
@@ -301,6 +309,21 @@ mod tests {
             want.extend_from_slice(&block[..KEYSTREAM_REFILL]);
         }
         assert_eq!(got, want[..got.len()]);
+    }
+
+    /// RFC 8439 A.1 test vector #2: the ChaCha20 block for an all-zero key and nonce
+    /// at block counter 1, which is where the AEAD's encryption keystream starts.
+    #[test]
+    fn keystream_rng_matches_rfc8439_block() {
+        let mut rng = KeystreamRng::from_seed([0; KEY_LEN]);
+        let mut got = [0u8; 64];
+        rng.fill_bytes(&mut got);
+        let want = "9f07e7be5551387a98ba977c732d080dcb0f29a048e3656912c6533e32ee7aed\
+                    29b721769ce64e43d57133b074d839d531ed1f28510afb45ace10a1f4b794d6f";
+        let want: Vec<u8> = (0..64)
+            .map(|i| u8::from_str_radix(&want[2 * i..2 * i + 2], 16).unwrap())
+            .collect();
+        assert_eq!(got[..], want[..]);
     }
 
     #[test]

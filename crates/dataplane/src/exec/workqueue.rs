@@ -161,8 +161,14 @@ fn handshake_worker(dev: &Device) {
             .try_recv()
             .or_else(|_| dev.handshake_rx.try_recv());
         match job {
-            Ok(job) => stages::handshake::process(dev, job, &mut scratch),
-            Err(_) if dev.stopping() => return,
+            Ok(job) => {
+                stages::handshake::process(dev, job, &mut scratch);
+                scratch.flush_if_due(dev);
+            }
+            Err(_) if dev.stopping() => {
+                scratch.flush(dev);
+                return;
+            }
             Err(_) => {
                 // Nothing queued: what is batched goes out before we sleep.
                 scratch.flush(dev);

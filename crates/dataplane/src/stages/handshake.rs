@@ -6,14 +6,16 @@
 //! no Diffie-Hellman; under load a valid mac2 (cookie) and the per-source rate limit
 //! are required too. Cookie replies, the one answer a flood earns, are made cheap: their
 //! nonces come from a user-space keystream and they leave in batches of
-//! [`COOKIE_REPLY_BATCH`], one `sendmmsg` each, flushed early whenever the handshake
-//! queues run empty.
+//! [`COOKIE_REPLY_BATCH`], one non-blocking `sendmmsg` each. A batch also leaves when
+//! its oldest reply has waited [`COOKIE_REPLY_MAX_WAIT`] or the queues run empty, so
+//! a legitimate peer's reply is never held behind a flood that earns no replies (junk).
 
 use crate::device::{Device, HandshakeJob};
-use rand_core::{OsRng, RngCore};
+use rand_core::OsRng;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 use wirelane_proto::cookie::{GateDrop, GateVerdict};
 use wirelane_proto::crypto::KeystreamRng;
 use wirelane_proto::handshake::consume_initiation_phase1;
@@ -21,30 +23,54 @@ use wirelane_proto::messages::{CookieReply, Initiation, Kind, Response, COOKIE_R
 
 /// Most cookie replies held back before they are sent together.
 pub const COOKIE_REPLY_BATCH: usize = 32;
+/// Longest a cookie reply waits for its batch to fill.
+pub const COOKIE_REPLY_MAX_WAIT: Duration = Duration::from_millis(1);
 
 /// The handshake thread's own state: cookie replies not sent yet, and the generator for
-/// their nonces.
+/// their nonces and the cookie secret.
 pub struct HandshakeScratch {
     replies: Vec<([u8; COOKIE_REPLY_LEN], SocketAddr)>,
+    oldest: Option<Instant>,
     rng: KeystreamRng,
 }
 
 impl HandshakeScratch {
     pub fn new() -> HandshakeScratch {
-        let mut seed = [0u8; 32];
-        OsRng.fill_bytes(&mut seed);
         HandshakeScratch {
             replies: Vec::with_capacity(COOKIE_REPLY_BATCH),
-            rng: KeystreamRng::from_seed(seed),
+            oldest: None,
+            rng: KeystreamRng::from_rng(&mut OsRng),
         }
     }
 
-    /// Sends the pending cookie replies, one batch per socket family.
+    fn push(&mut self, dev: &Device, reply: [u8; COOKIE_REPLY_LEN], dst: SocketAddr) {
+        self.oldest.get_or_insert_with(Instant::now);
+        self.replies.push((reply, dst));
+        if self.replies.len() >= COOKIE_REPLY_BATCH {
+            self.flush(dev);
+        }
+    }
+
+    /// Sends the pending replies if the oldest has waited long enough.
+    pub fn flush_if_due(&mut self, dev: &Device) {
+        if self
+            .oldest
+            .is_some_and(|t| t.elapsed() >= COOKIE_REPLY_MAX_WAIT)
+        {
+            self.flush(dev);
+        }
+    }
+
+    /// Sends the pending cookie replies, one batch per socket. Never waits for room: a
+    /// reply that does not fit is dropped (the initiator retries), and the socket table
+    /// lock is not held while sending, so a UAPI rebind never waits behind a flood.
     pub fn flush(&mut self, dev: &Device) {
+        self.oldest = None;
         if self.replies.is_empty() {
             return;
         }
-        let sockets = dev.sockets();
+        // A copy of the socket handles, so the table lock is released before sending.
+        let sockets = dev.sockets().clone();
         for sock in [&sockets.v4, &sockets.v6].into_iter().flatten() {
             let batch: Vec<(&[u8], SocketAddr)> = self
                 .replies
@@ -59,7 +85,7 @@ impl HandshakeScratch {
             if batch.is_empty() {
                 continue;
             }
-            if let Ok(n) = sock.send_batch(&batch) {
+            if let Ok(n) = sock.try_send_batch(&batch) {
                 dev.stats
                     .cookie_replies_sent
                     .fetch_add(n as u64, Ordering::Relaxed);
@@ -113,10 +139,7 @@ pub fn process(dev: &Device, job: HandshakeJob, scratch: &mut HandshakeScratch) 
     match verdict {
         GateVerdict::Process => {}
         GateVerdict::SendCookieReply(reply) => {
-            scratch.replies.push((reply.to_bytes(), job.src));
-            if scratch.replies.len() >= COOKIE_REPLY_BATCH {
-                scratch.flush(dev);
-            }
+            scratch.push(dev, reply.to_bytes(), job.src);
             return;
         }
         GateVerdict::Drop(GateDrop::InvalidMac1) => {
