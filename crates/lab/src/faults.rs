@@ -13,6 +13,7 @@
 use crate::impls::{Impl, Tunnel};
 use crate::relay::{CounterSnapshot, Impairment};
 use crate::topology::{Testbed, Topology};
+use crate::uapi::delta;
 use crate::workload::udp::{self, UdpResult};
 use crate::workload::{in_ns, join, port_from, tcp};
 use crate::{uapi, Result};
@@ -78,13 +79,6 @@ impl Bed {
             dur,
         )
     }
-}
-
-fn delta(a: &BTreeMap<String, u64>, b: &BTreeMap<String, u64>, k: &str) -> u64 {
-    b.get(k)
-        .copied()
-        .unwrap_or(0)
-        .saturating_sub(a.get(k).copied().unwrap_or(0))
 }
 
 /// What one impaired UDP stream showed: the inner receiver's view, the relay's work on
@@ -374,14 +368,7 @@ pub fn roaming_scenario() -> Result<RoamingOutcome> {
         1,
         Duration::from_millis(200),
     )?;
-    let rec = relay.recorded();
-    let find = |ty: u8, len: usize| {
-        rec.iter()
-            .find(|(to_b, d)| *to_b && d.first() == Some(&ty) && d.len() >= len)
-            .map(|(_, d)| d.clone())
-            .ok_or_else(|| format!("no message of type {ty} towards B was captured"))
-    };
-    let (transport, initiation) = (find(4, 64)?, find(1, 148)?);
+    let (transport, initiation) = (relay.recorded_to_b(4, 64)?, relay.recorded_to_b(1, 148)?);
     let b_index: [u8; 4] = transport[4..8].try_into()?;
     let mut rng = crate::relay::Rng(0x9e37_79b9_7f4a_7c15);
     let mut garbage = Vec::new();

@@ -268,6 +268,17 @@ impl Relay {
             .clone()
     }
 
+    /// The first recorded datagram towards B whose message type is `ty` and whose length
+    /// is at least `min_len`.
+    pub fn recorded_to_b(&self, ty: u8, min_len: usize) -> Result<Vec<u8>> {
+        let r = self.recorded.lock().expect("relay recording lock");
+        r.datagrams
+            .iter()
+            .find(|(to_b, d)| *to_b && d.first() == Some(&ty) && d.len() >= min_len)
+            .map(|(_, d)| d.clone())
+            .ok_or_else(|| format!("no message of type {ty} towards B was captured").into())
+    }
+
     /// Sends `data` to B (or A) from the relay's socket, as if it had been forwarded:
     /// a replay by an on-path attacker. Returns how many sends succeeded.
     pub fn inject(&self, to_b: bool, data: &[u8], times: usize) -> usize {

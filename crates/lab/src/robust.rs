@@ -8,6 +8,7 @@ use crate::peers::rss_kib;
 use crate::relay::Impairment;
 use crate::stats::median;
 use crate::topology::{Testbed, Topology};
+use crate::uapi::{counter, delta};
 use crate::workload::{in_ns, join, tcp};
 use crate::{uapi, Result};
 use std::collections::BTreeMap;
@@ -19,14 +20,6 @@ use std::time::{Duration, Instant};
 /// Where spoofed flood sources come from; host B routes it back towards host A, where
 /// the cookie replies die.
 const SPOOF_NET: (Ipv4Addr, u8) = (Ipv4Addr::new(10, 200, 0, 0), 16);
-
-fn counter(s: &BTreeMap<String, u64>, k: &str) -> u64 {
-    s.get(k).copied().unwrap_or(0)
-}
-
-fn delta(a: &BTreeMap<String, u64>, b: &BTreeMap<String, u64>, k: &str) -> u64 {
-    counter(b, k).saturating_sub(counter(a, k))
-}
 
 /// The interface's public key, derived from the private key its UAPI reports.
 fn public_key(ifname: &str) -> Result<[u8; 32]> {
@@ -437,14 +430,7 @@ pub fn replay_scenario(times: usize) -> Result<ReplayOutcome> {
     let tun = Tunnel::up(Impl::Wirelane, &bed)?;
     let (a, b) = (bed.hosts[0].ns.name.clone(), bed.hosts[1].ns.name.clone());
     tcp::bulk(&a, &b, tun.addr_b, 1, Duration::from_millis(300))?;
-    let rec = relay.recorded();
-    let find = |ty: u8, min_len: usize| {
-        rec.iter()
-            .find(|(to_b, d)| *to_b && d.first() == Some(&ty) && d.len() >= min_len)
-            .map(|(_, d)| d.clone())
-            .ok_or_else(|| format!("no message of type {ty} towards B was captured"))
-    };
-    let (transport, initiation) = (find(4, 64)?, find(1, 148)?);
+    let (transport, initiation) = (relay.recorded_to_b(4, 64)?, relay.recorded_to_b(1, 148)?);
     let b_if = tun.daemons[1].ifname.clone();
     let latest = || {
         bed.hosts[1]

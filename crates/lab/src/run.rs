@@ -194,14 +194,7 @@ fn measure(which: Impl, cell: &Cell, dur: Duration, rec: &mut RunRecord) -> Resu
         rec.relay = after
             .iter()
             .zip(&relay_before)
-            .map(|(a, b)| crate::relay::CounterSnapshot {
-                received: a.received - b.received,
-                forwarded: a.forwarded - b.forwarded,
-                dropped: a.dropped - b.dropped,
-                duplicated: a.duplicated - b.duplicated,
-                reordered: a.reordered - b.reordered,
-                corrupted: a.corrupted - b.corrupted,
-            })
+            .map(|(a, b)| a.since(b))
             .collect();
     }
     drop(tun);

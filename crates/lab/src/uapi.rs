@@ -34,6 +34,16 @@ pub fn request(ifname: &str, op: &str) -> Result<Vec<(String, String)>> {
     Err(format!("UAPI {op}: the answer ended without errno").into())
 }
 
+/// One counter from a `stats` answer (0 when absent).
+pub fn counter(s: &BTreeMap<String, u64>, k: &str) -> u64 {
+    s.get(k).copied().unwrap_or(0)
+}
+
+/// How much counter `k` grew from `before` to `after`.
+pub fn delta(before: &BTreeMap<String, u64>, after: &BTreeMap<String, u64>, k: &str) -> u64 {
+    counter(after, k).saturating_sub(counter(before, k))
+}
+
 /// wirelane's interface counters by name.
 pub fn stats(ifname: &str) -> Result<BTreeMap<String, u64>> {
     request(ifname, "stats=1")?
