@@ -18,7 +18,7 @@ fuzz_target!(|data: &[u8]| {
         };
         let mut pkt = data[VNET_HDR_LEN..].to_vec();
         let limit = pkt.len().max(hdr.hdr_len as usize + hdr.gso_size as usize);
-        let _ = split(&hdr, &mut pkt, |seg| assert!(seg.len() <= limit));
+        let _ = split(&hdr, &mut pkt, |h, d| assert!(h.len() + d.len() <= limit));
     } else {
         // Segments: a 2-byte length, then that many bytes.
         let mut segs = Vec::new();
@@ -30,11 +30,12 @@ fuzz_target!(|data: &[u8]| {
         }
         let mut scratch = Vec::new();
         let mut out_bytes = 0usize;
-        coalesce(&segs, &mut scratch, |pkt| {
-            let hdr = VnetHdr::parse(pkt).expect("coalesce emits a vnet header");
+        coalesce(&segs, &mut scratch, |pieces| {
+            let pkt = pieces.concat();
+            let hdr = VnetHdr::parse(&pkt).expect("coalesce emits a vnet header");
             let mut body = pkt[VNET_HDR_LEN..].to_vec();
             // What we hand the kernel must be something our own reader accepts.
-            split(&hdr, &mut body, |seg| out_bytes += seg.len()).expect("coalesced output splits");
+            split(&hdr, &mut body, |h, d| out_bytes += h.len() + d.len()).expect("coalesced output splits");
         });
         let in_bytes: usize = segs.iter().map(|s| s.len()).sum();
         assert_eq!(

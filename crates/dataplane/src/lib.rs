@@ -7,6 +7,7 @@ pub mod exec;
 pub mod inner;
 pub mod packet;
 pub mod peer;
+pub mod pool;
 pub mod queue;
 pub mod stages;
 pub mod stats;

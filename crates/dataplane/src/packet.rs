@@ -2,7 +2,7 @@
 //!
 //! A [`Packet`] reserves headroom for the 16-byte transport header and tailroom for the
 //! padding and the 16-byte tag, so encryption and decryption happen in place without a
-//! copy. A [`Batch`] is a vector of one peer's packets under one keypair: the unit the
+//! copy. Its buffer comes from the [`pool`] and returns there when the packet drops. A [`Batch`] is a vector of one peer's packets under one keypair: the unit the
 //! pipeline moves between stages, and the unit of per-peer ordering.
 
 use std::net::SocketAddr;
@@ -12,6 +12,7 @@ use wirelane_proto::messages::TRANSPORT_HEADER_LEN;
 use wirelane_proto::Keypair;
 
 use crate::peer::Peer;
+use crate::pool;
 
 /// Room before the payload: the transport header.
 pub const HEADROOM: usize = TRANSPORT_HEADER_LEN;
@@ -36,8 +37,13 @@ pub struct Packet {
 impl Packet {
     /// A buffer able to hold `payload` bytes of plaintext plus header and tag room.
     pub fn with_capacity(payload: usize) -> Packet {
+        let need = HEADROOM + payload + TAILROOM;
         Packet {
-            buf: vec![0; HEADROOM + payload + TAILROOM],
+            buf: if need <= pool::BUF_LEN {
+                pool::take()
+            } else {
+                vec![0; need]
+            },
             len: 0,
             counter: 0,
             src: None,
@@ -45,8 +51,45 @@ impl Packet {
         }
     }
 
+    /// A plaintext packet made of `parts` laid end to end (a header and a payload, when
+    /// a super-packet is split).
+    pub fn from_plaintext(parts: &[&[u8]]) -> Packet {
+        let len = parts.iter().map(|p| p.len()).sum();
+        let mut p = Packet::with_capacity(len);
+        let mut at = HEADROOM;
+        for part in parts {
+            p.buf[at..at + part.len()].copy_from_slice(part);
+            at += part.len();
+        }
+        p.len = len;
+        p
+    }
+
+    /// A received datagram from `src`, kept at the start of the buffer.
+    pub fn from_datagram(dgram: &[u8], src: SocketAddr) -> Packet {
+        let mut p = Packet::with_capacity(dgram.len().saturating_sub(HEADROOM + TAILROOM));
+        if p.buf.len() < dgram.len() {
+            p.buf.resize(dgram.len(), 0);
+        }
+        p.buf[..dgram.len()].copy_from_slice(dgram);
+        p.len = dgram.len();
+        p.src = Some(src);
+        p
+    }
+
     pub fn plaintext(&self) -> &[u8] {
         &self.buf[HEADROOM..HEADROOM + self.len]
+    }
+
+    /// A datagram (received, or sealed for sending) at the start of the buffer.
+    pub fn datagram(&self) -> &[u8] {
+        &self.buf[..self.len]
+    }
+}
+
+impl Drop for Packet {
+    fn drop(&mut self) {
+        pool::give(std::mem::take(&mut self.buf));
     }
 }
 

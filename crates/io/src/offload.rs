@@ -101,14 +101,20 @@ fn ipv4_header_checksum(ip: &mut [u8], ihl: usize) {
 }
 
 /// Turns one packet read from the TUN (vnet header stripped into `hdr`) into one or
-/// more ready-to-send IP packets, handed to `emit` in order.
-pub fn split(hdr: &VnetHdr, pkt: &mut [u8], mut emit: impl FnMut(&[u8])) -> Result<(), SplitError> {
+/// more ready-to-send IP packets, handed to `emit` in order as a header and a payload
+/// (to be laid end to end). The payload is a slice of `pkt`, so the caller copies each
+/// byte once, straight into the buffer it will encrypt in.
+pub fn split(
+    hdr: &VnetHdr,
+    pkt: &mut [u8],
+    mut emit: impl FnMut(&[u8], &[u8]),
+) -> Result<(), SplitError> {
     let gso = hdr.gso_type & !GSO_ECN;
     if gso == GSO_NONE {
         if hdr.flags & F_NEEDS_CSUM != 0 {
             complete_checksum(pkt, hdr.csum_start as usize, hdr.csum_offset as usize)?;
         }
-        emit(pkt);
+        emit(pkt, &[]);
         return Ok(());
     }
     if gso != GSO_TCPV4 && gso != GSO_TCPV6 {
@@ -128,27 +134,24 @@ pub fn split(hdr: &VnetHdr, pkt: &mut [u8], mut emit: impl FnMut(&[u8])) -> Resu
     if tcp_len < 20 || hlen > pkt.len() || mss == 0 {
         return Err(SplitError::Malformed);
     }
-    let payload_len = pkt.len() - hlen;
-    let seq0 = u32::from_be_bytes([pkt[l4 + 4], pkt[l4 + 5], pkt[l4 + 6], pkt[l4 + 7]]);
-    let id0 = u16::from_be_bytes([pkt[4], pkt[5]]);
-    let flags0 = pkt[l4 + 13];
-    let nseg = payload_len.div_ceil(mss).max(1);
-    let mut seg = vec![0u8; hlen + mss];
+    let (head, payload) = pkt.split_at(hlen);
+    let seq0 = u32::from_be_bytes([head[l4 + 4], head[l4 + 5], head[l4 + 6], head[l4 + 7]]);
+    let id0 = u16::from_be_bytes([head[4], head[5]]);
+    let flags0 = head[l4 + 13];
+    let nseg = payload.len().div_ceil(mss).max(1);
+    let mut h = head.to_vec();
     for i in 0..nseg {
         let off = i * mss;
-        let len = mss.min(payload_len - off);
-        let total = hlen + len;
-        seg[..hlen].copy_from_slice(&pkt[..hlen]);
-        seg[hlen..total].copy_from_slice(&pkt[hlen + off..hlen + off + len]);
-        let s = &mut seg[..total];
+        let data = &payload[off..off + mss.min(payload.len() - off)];
+        let total = hlen + data.len();
         if v4 {
-            s[2..4].copy_from_slice(&(total as u16).to_be_bytes());
-            s[4..6].copy_from_slice(&id0.wrapping_add(i as u16).to_be_bytes());
-            ipv4_header_checksum(s, l4);
+            h[2..4].copy_from_slice(&(total as u16).to_be_bytes());
+            h[4..6].copy_from_slice(&id0.wrapping_add(i as u16).to_be_bytes());
+            ipv4_header_checksum(&mut h, l4);
         } else {
-            s[4..6].copy_from_slice(&((total - 40) as u16).to_be_bytes());
+            h[4..6].copy_from_slice(&((total - 40) as u16).to_be_bytes());
         }
-        s[l4 + 4..l4 + 8].copy_from_slice(&seq0.wrapping_add(off as u32).to_be_bytes());
+        h[l4 + 4..l4 + 8].copy_from_slice(&seq0.wrapping_add(off as u32).to_be_bytes());
         // FIN and PSH belong to the last segment only, CWR to the first only.
         let mut flags = flags0;
         if i + 1 < nseg {
@@ -157,11 +160,14 @@ pub fn split(hdr: &VnetHdr, pkt: &mut [u8], mut emit: impl FnMut(&[u8])) -> Resu
         if i > 0 {
             flags &= !0x80;
         }
-        s[l4 + 13] = flags;
-        s[l4 + 16..l4 + 18].copy_from_slice(&[0, 0]);
-        let c = finish(sum(&s[l4..], pseudo_sum(s, 6, total - l4)));
-        s[l4 + 16..l4 + 18].copy_from_slice(&c.to_be_bytes());
-        emit(s);
+        h[l4 + 13] = flags;
+        h[l4 + 16..l4 + 18].copy_from_slice(&[0, 0]);
+        // The TCP header is a whole number of 32-bit words, so the payload's sum
+        // continues the header's without realignment.
+        let acc = sum(&h[l4..], pseudo_sum(&h, 6, total - l4));
+        let c = finish(sum(data, acc));
+        h[l4 + 16..l4 + 18].copy_from_slice(&c.to_be_bytes());
+        emit(&h, data);
     }
     Ok(())
 }
@@ -236,8 +242,10 @@ fn same_headers(a: &[u8], sa: &TcpSeg, b: &[u8], sb: &TcpSeg) -> bool {
 /// Writes `segs` (complete IP packets, in order) to `emit` with a vnet header in
 /// front, merging runs of consecutive TCP segments of one flow into a single GSO
 /// super-packet the kernel accepts as if its own GRO had built it. Anything else goes
-/// out one by one with an empty header. `scratch` is reused between calls.
-pub fn coalesce(segs: &[&[u8]], scratch: &mut Vec<u8>, mut emit: impl FnMut(&[u8])) {
+/// out one by one with an empty header. Each packet is emitted as pieces to be written
+/// end to end (one `writev`): `scratch` (reused between calls) holds the vnet header and
+/// the rebuilt IP/TCP header, the payloads are slices of `segs`, never copied.
+pub fn coalesce(segs: &[&[u8]], scratch: &mut Vec<u8>, mut emit: impl FnMut(&[&[u8]])) {
     let mut i = 0;
     while i < segs.len() {
         let first = segs[i];
@@ -266,15 +274,15 @@ pub fn coalesce(segs: &[&[u8]], scratch: &mut Vec<u8>, mut emit: impl FnMut(&[u8
             }
             if j - i > 1 {
                 build_super(&segs[i..j], &f, total, scratch);
-                emit(scratch);
+                let mut pieces: Vec<&[u8]> = Vec::with_capacity(j - i + 1);
+                pieces.push(scratch);
+                pieces.extend(segs[i..j].iter().map(|s| &s[f.ip_hlen + f.tcp_hlen..]));
+                emit(&pieces);
                 i = j;
                 continue;
             }
         }
-        scratch.clear();
-        scratch.resize(VNET_HDR_LEN, 0);
-        scratch.extend_from_slice(first);
-        emit(scratch);
+        emit(&[&[0u8; VNET_HDR_LEN], first]);
         i += 1;
     }
 }
@@ -288,9 +296,6 @@ fn build_super(run: &[&[u8]], f: &TcpSeg, total: usize, out: &mut Vec<u8>) {
         out.extend_from_slice(&(v as u16).to_le_bytes());
     }
     out.extend_from_slice(&run[0][..hlen]);
-    for s in run {
-        out.extend_from_slice(&s[hlen..]);
-    }
     let last_flags = run[run.len() - 1][f.ip_hlen + 13];
     let p = &mut out[VNET_HDR_LEN..];
     if f.v6 {
@@ -399,12 +404,12 @@ mod tests {
         let ps = finish(pseudo_sum(&p, 6, p.len() - 20));
         p[36..38].copy_from_slice(&(!ps).to_be_bytes());
         let mut out = Vec::new();
-        split(&hdr, &mut p, |s| out.push(s.to_vec())).unwrap();
+        split(&hdr, &mut p, |h, d| out.push([h, d].concat())).unwrap();
         assert_eq!(out.len(), 1);
         verify_segment(&out[0], false);
         let mut plain = vec![0x45u8; 30];
         let mut n = 0;
-        split(&VnetHdr::default(), &mut plain, |_| n += 1).unwrap();
+        split(&VnetHdr::default(), &mut plain, |_, _| n += 1).unwrap();
         assert_eq!(n, 1);
     }
 
@@ -419,31 +424,43 @@ mod tests {
             csum_offset: 16,
         };
         let mut short = vec![0x45u8; 30];
-        assert_eq!(split(&hdr, &mut short, |_| {}), Err(SplitError::Malformed));
+        assert_eq!(
+            split(&hdr, &mut short, |_, _| {}),
+            Err(SplitError::Malformed)
+        );
         let mut p = super_packet(false, 3000, 0x10);
         let zero = VnetHdr { gso_size: 0, ..hdr };
-        assert_eq!(split(&zero, &mut p, |_| {}), Err(SplitError::Malformed));
+        assert_eq!(split(&zero, &mut p, |_, _| {}), Err(SplitError::Malformed));
         let udp = VnetHdr { gso_type: 5, ..hdr };
-        assert_eq!(split(&udp, &mut p, |_| {}), Err(SplitError::Unsupported(5)));
+        assert_eq!(
+            split(&udp, &mut p, |_, _| {}),
+            Err(SplitError::Unsupported(5))
+        );
         let bad_off = VnetHdr {
             gso_type: GSO_NONE,
             csum_start: 60000,
             ..hdr
         };
-        assert_eq!(split(&bad_off, &mut p, |_| {}), Err(SplitError::Malformed));
+        assert_eq!(
+            split(&bad_off, &mut p, |_, _| {}),
+            Err(SplitError::Malformed)
+        );
         let v6_claim = VnetHdr {
             gso_type: GSO_TCPV6,
             csum_start: 40,
             ..hdr
         };
-        assert_eq!(split(&v6_claim, &mut p, |_| {}), Err(SplitError::Malformed));
+        assert_eq!(
+            split(&v6_claim, &mut p, |_, _| {}),
+            Err(SplitError::Malformed)
+        );
     }
 
     fn split_all(super_pkt: &[u8]) -> Vec<Vec<u8>> {
         let hdr = VnetHdr::parse(super_pkt).unwrap();
         let mut body = super_pkt[VNET_HDR_LEN..].to_vec();
         let mut out = Vec::new();
-        split(&hdr, &mut body, |s| out.push(s.to_vec())).unwrap();
+        split(&hdr, &mut body, |h, d| out.push([h, d].concat())).unwrap();
         out
     }
 
@@ -459,7 +476,7 @@ mod tests {
             csum_offset: 16,
         };
         let mut segs = Vec::new();
-        split(&hdr, &mut p, |s| segs.push(s.to_vec())).unwrap();
+        split(&hdr, &mut p, |h, d| segs.push([h, d].concat())).unwrap();
         segs
     }
 
@@ -471,7 +488,7 @@ mod tests {
             let refs: Vec<&[u8]> = segs.iter().map(Vec::as_slice).collect();
             let mut out = Vec::new();
             let mut scratch = Vec::new();
-            coalesce(&refs, &mut scratch, |b| out.push(b.to_vec()));
+            coalesce(&refs, &mut scratch, |b| out.push(b.concat()));
             assert_eq!(out.len(), 1, "one super-packet");
             let hdr = VnetHdr::parse(&out[0]).unwrap();
             assert_eq!(hdr.gso_size, 1360);
@@ -496,7 +513,7 @@ mod tests {
         };
         let refs: Vec<&[u8]> = vec![&segs[0], &other, &udp, &segs[1]];
         let mut out = Vec::new();
-        coalesce(&refs, &mut Vec::new(), |b| out.push(b.to_vec()));
+        coalesce(&refs, &mut Vec::new(), |b| out.push(b.concat()));
         assert_eq!(out.len(), 4);
         for (o, s) in out.iter().zip(&refs) {
             assert_eq!(&o[..VNET_HDR_LEN], &[0u8; VNET_HDR_LEN]);
@@ -506,7 +523,7 @@ mod tests {
         let all = segments(true, 5440, ACK);
         let refs: Vec<&[u8]> = vec![&all[0], &all[1], &all[3]];
         let mut out = Vec::new();
-        coalesce(&refs, &mut Vec::new(), |b| out.push(b.to_vec()));
+        coalesce(&refs, &mut Vec::new(), |b| out.push(b.concat()));
         assert_eq!(out.len(), 2);
         assert_eq!(split_all(&out[0]), all[..2].to_vec());
     }

@@ -141,6 +141,16 @@ impl Tun {
         cvt_size(unsafe { libc::read(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) })
     }
 
+    /// Writes one packet given as pieces laid end to end (`writev`): the kernel gathers
+    /// them, so a super-packet's payloads need not be copied together first.
+    pub fn write_pieces(&self, pieces: &[&[u8]]) -> io::Result<usize> {
+        // IoSlice is ABI-compatible with iovec on Unix.
+        let iovs: Vec<io::IoSlice<'_>> = pieces.iter().map(|p| io::IoSlice::new(p)).collect();
+        let n = iovs.len().min(libc::c_int::MAX as usize) as libc::c_int;
+        // SAFETY: every IoSlice refers to a live borrowed slice for the call.
+        cvt_size(unsafe { libc::writev(self.fd.as_raw_fd(), iovs.as_ptr().cast(), n) })
+    }
+
     /// Writes one buffer as it is.
     pub fn write(&self, pkt: &[u8]) -> io::Result<usize> {
         // SAFETY: pkt is valid for reads of pkt.len() bytes.

@@ -347,23 +347,43 @@ impl UdpSocket {
         self.gso.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// Sends `buf` as datagrams of `segment` bytes each (the last may be shorter) with
-    /// one system call, using UDP_SEGMENT. Returns false, having sent nothing, if the
-    /// kernel refuses segmentation offload; the socket then stops trying it.
-    pub fn send_segmented(&self, buf: &[u8], segment: u16, dst: &SocketAddr) -> io::Result<bool> {
+    /// Sends `dgrams` laid end to end, cut by the kernel into datagrams of `segment`
+    /// bytes each (the last may be shorter), with one system call, using UDP_SEGMENT.
+    /// The pieces are gathered straight from the caller's buffers (no copy here); they
+    /// need not be datagram-aligned. At most [`GSO_MAX_SEGMENTS`] pieces and
+    /// [`GSO_MAX_BYTES`] in all. Returns false, having sent nothing, if the kernel refuses
+    /// segmentation offload; the socket then stops trying it.
+    pub fn send_segmented(
+        &self,
+        dgrams: &[&[u8]],
+        segment: u16,
+        dst: &SocketAddr,
+    ) -> io::Result<bool> {
+        if dgrams.len() > GSO_MAX_SEGMENTS
+            || dgrams.iter().map(|d| d.len()).sum::<usize>() > GSO_MAX_BYTES
+        {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "too much for one segmented send",
+            ));
+        }
         let (ss, len) = to_sockaddr(&self.map_destination(dst));
         // Room for one cmsghdr carrying a u16, aligned as the kernel expects.
         let mut control = [0u64; 4];
-        let mut iov = libc::iovec {
-            iov_base: buf.as_ptr() as *mut _,
-            iov_len: buf.len(),
-        };
+        let mut iovs = [libc::iovec {
+            iov_base: std::ptr::null_mut(),
+            iov_len: 0,
+        }; GSO_MAX_SEGMENTS];
+        for (iov, d) in iovs.iter_mut().zip(dgrams) {
+            iov.iov_base = d.as_ptr() as *mut _;
+            iov.iov_len = d.len();
+        }
         // SAFETY: zeroed msghdr is valid; every pointer set below refers to live locals.
         let mut msg: libc::msghdr = unsafe { zeroed() };
         msg.msg_name = &ss as *const _ as *mut _;
         msg.msg_namelen = len;
-        msg.msg_iov = &mut iov;
-        msg.msg_iovlen = 1;
+        msg.msg_iov = iovs.as_mut_ptr();
+        msg.msg_iovlen = dgrams.len() as _;
         msg.msg_control = control.as_mut_ptr().cast();
         // SAFETY: CMSG_SPACE is a pure computation.
         msg.msg_controllen = unsafe { libc::CMSG_SPACE(size_of::<u16>() as u32) } as _;
@@ -465,11 +485,11 @@ mod tests {
         let a = UdpSocket::bind(false, 0).unwrap();
         let b = UdpSocket::bind(false, 0).unwrap();
         let dst = SocketAddr::from(([127, 0, 0, 1], b.local_port().unwrap()));
-        let mut buf = Vec::new();
-        for i in 0..5u8 {
-            buf.extend(std::iter::repeat_n(i, if i == 4 { 300 } else { 1000 }));
-        }
-        if !a.send_segmented(&buf, 1000, &dst).unwrap() {
+        let pieces: Vec<Vec<u8>> = (0..5u8)
+            .map(|i| vec![i; if i == 4 { 300 } else { 1000 }])
+            .collect();
+        let refs: Vec<&[u8]> = pieces.iter().map(Vec::as_slice).collect();
+        if !a.send_segmented(&refs, 1000, &dst).unwrap() {
             assert!(!a.gso_enabled());
             return; // Kernel without UDP GSO: the fallback path is what callers use.
         }

@@ -15,7 +15,7 @@ pub fn classify(dev: &Device, packets: Vec<Packet>) {
     let mut run: Option<(u32, Vec<Packet>)> = None;
     for mut p in packets {
         let Some(src) = p.src else { continue };
-        let dgram = &p.buf[..p.len];
+        let dgram = p.datagram();
         match kind_of(dgram) {
             Ok(Kind::Transport) => {
                 let h = TransportHeader::parse(dgram).expect("classified as transport");
@@ -31,10 +31,11 @@ pub fn classify(dev: &Device, packets: Vec<Packet>) {
                 }
             }
             Ok(kind) => {
-                p.buf.truncate(p.len);
+                // Handshake messages are small: copy them out and let the packet's
+                // buffer go back to the pool.
                 dev.submit_handshake(HandshakeJob {
                     kind,
-                    bytes: p.buf,
+                    bytes: dgram.to_vec(),
                     src,
                 });
             }

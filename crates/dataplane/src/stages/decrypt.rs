@@ -9,6 +9,15 @@ use crate::packet::Batch;
 use std::sync::Arc;
 
 pub fn decrypt(dev: &Device, batch: Arc<Batch>) {
+    open_batch(&batch);
+    if batch.peer.rx_queue.schedule() {
+        dev.submit(Work::DeliverRx(batch.peer.clone()));
+    }
+}
+
+/// Opens every packet of `batch` in place and marks it done. A packet that fails
+/// authentication is flagged, not removed: the ordered stage counts it.
+pub fn open_batch(batch: &Batch) {
     {
         let mut body = batch.body();
         for p in body.packets.iter_mut() {
@@ -22,7 +31,4 @@ pub fn decrypt(dev: &Device, batch: Arc<Batch>) {
         }
     }
     batch.mark_done();
-    if batch.peer.rx_queue.schedule() {
-        dev.submit(Work::DeliverRx(batch.peer.clone()));
-    }
 }

@@ -10,7 +10,15 @@ use std::sync::Arc;
 use wirelane_proto::messages::padded_len;
 
 pub fn encrypt(dev: &Device, batch: Arc<Batch>) {
-    let mtu = dev.mtu();
+    seal_batch(&batch, dev.mtu());
+    if batch.peer.tx_queue.schedule() {
+        dev.submit(Work::FlushTx(batch.peer.clone()));
+    }
+}
+
+/// Seals every packet of `batch` in place, padding to `mtu` rules, and marks it done.
+/// Afterwards each packet holds its transport message at `buf[..len]`.
+pub fn seal_batch(batch: &Batch, mtu: usize) {
     {
         let mut body = batch.body();
         for p in body.packets.iter_mut() {
@@ -19,6 +27,7 @@ pub fn encrypt(dev: &Device, batch: Arc<Batch>) {
             if p.buf.len() < end {
                 p.buf.resize(end, 0);
             }
+            // Pooled buffers hold stale bytes: the padding must be zeroed here.
             p.buf[HEADROOM + p.len..HEADROOM + padded].fill(0);
             batch.keypair.seal(p.counter, &mut p.buf[..end]);
             p.len = end;
@@ -26,7 +35,4 @@ pub fn encrypt(dev: &Device, batch: Arc<Batch>) {
         }
     }
     batch.mark_done();
-    if batch.peer.tx_queue.schedule() {
-        dev.submit(Work::FlushTx(batch.peer.clone()));
-    }
 }

@@ -13,8 +13,8 @@ use std::sync::Arc;
 use wirelane_io::offload;
 
 thread_local! {
-    /// Per-worker buffer for building super-packets (reused, never shrinks).
-    static COALESCE: RefCell<Vec<u8>> = RefCell::new(Vec::with_capacity(offload::VNET_HDR_LEN + 65535));
+    /// Per-worker buffer for a super-packet's vnet and IP/TCP headers (reused).
+    static COALESCE: RefCell<Vec<u8>> = RefCell::new(Vec::with_capacity(offload::VNET_HDR_LEN + 120));
 }
 
 /// Writes packets to the TUN; with offloads on, runs of one TCP flow become a single
@@ -31,8 +31,8 @@ fn write_to_tun(dev: &Device, segs: &[&[u8]]) {
         return;
     }
     COALESCE.with(|scratch| {
-        offload::coalesce(segs, &mut scratch.borrow_mut(), |b| {
-            if dev.tun.write(b).is_err() {
+        offload::coalesce(segs, &mut scratch.borrow_mut(), |pieces| {
+            if dev.tun.write_pieces(pieces).is_err() {
                 dev.stats
                     .rx_tun_write_failed
                     .fetch_add(1, Ordering::Relaxed);

@@ -4,7 +4,7 @@
 //! later stage sees ordinary packets. Runs on one reader at a time per queue.
 
 use crate::device::Device;
-use crate::packet::{Packet, HEADROOM, MAX_BATCH};
+use crate::packet::{Packet, MAX_BATCH};
 use std::io;
 use std::sync::atomic::Ordering;
 use wirelane_io::offload::{split, VnetHdr, VNET_HDR_LEN};
@@ -27,14 +27,11 @@ pub fn read_batch(dev: &Device, scratch: &mut [u8]) -> io::Result<Vec<Packet>> {
             Err(e) if out.is_empty() => return Err(e),
             Err(_) => break,
         };
-        let mut push = |seg: &[u8]| {
-            let mut p = Packet::with_capacity(seg.len());
-            p.buf[HEADROOM..HEADROOM + seg.len()].copy_from_slice(seg);
-            p.len = seg.len();
-            out.push(p);
+        let mut push = |head: &[u8], payload: &[u8]| {
+            out.push(Packet::from_plaintext(&[head, payload]));
         };
         if !vnet {
-            push(&scratch[..n]);
+            push(&scratch[..n], &[]);
             continue;
         }
         let split_ok = VnetHdr::parse(&scratch[..n])

@@ -6,59 +6,49 @@
 
 use crate::device::Device;
 use crate::peer::Peer;
-use std::cell::RefCell;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use wirelane_io::udp::{UdpSocket, GSO_MAX_BYTES, GSO_MAX_SEGMENTS};
 
-thread_local! {
-    /// Per-worker buffer that GSO sends are assembled in.
-    static GSO_BUF: RefCell<Vec<u8>> = RefCell::new(Vec::with_capacity(GSO_MAX_BYTES));
-}
-
 /// Sends datagrams in order; returns how many left. Consecutive datagrams of one size
-/// (the last of a run may be shorter) share one GSO send.
+/// (the last of a run may be shorter) share one GSO send, gathered from the packets'
+/// own buffers.
 fn send_all(sock: &UdpSocket, dgrams: &[&[u8]], ep: SocketAddr) -> usize {
     let mut sent = 0;
-    GSO_BUF.with(|buf| {
-        let mut buf = buf.borrow_mut();
-        let mut i = 0;
-        while i < dgrams.len() {
-            if !sock.gso_enabled() {
-                let rest: Vec<(&[u8], SocketAddr)> = dgrams[i..].iter().map(|d| (*d, ep)).collect();
-                sent += sock.send_batch(&rest).unwrap_or(0);
-                return;
-            }
-            let seg = dgrams[i].len();
-            let mut j = i;
-            buf.clear();
-            while j < dgrams.len()
-                && j - i < GSO_MAX_SEGMENTS
-                && dgrams[j].len() <= seg
-                && buf.len() + dgrams[j].len() <= GSO_MAX_BYTES
-            {
-                buf.extend_from_slice(dgrams[j]);
-                j += 1;
-                if dgrams[j - 1].len() < seg {
-                    break; // Only the last segment of a send may be short.
-                }
-            }
-            let ok = if j - i == 1 {
-                sock.send_to(dgrams[i], &ep).is_ok()
-            } else {
-                match sock.send_segmented(&buf, seg as u16, &ep) {
-                    Ok(true) => true,
-                    Ok(false) => continue, // GSO refused: the loop falls back above.
-                    Err(_) => false,
-                }
-            };
-            if ok {
-                sent += j - i;
-            }
-            i = j;
+    let mut i = 0;
+    while i < dgrams.len() {
+        if !sock.gso_enabled() {
+            let rest: Vec<(&[u8], SocketAddr)> = dgrams[i..].iter().map(|d| (*d, ep)).collect();
+            return sent + sock.send_batch(&rest).unwrap_or(0);
         }
-    });
+        let seg = dgrams[i].len();
+        let (mut j, mut bytes) = (i, 0);
+        while j < dgrams.len()
+            && j - i < GSO_MAX_SEGMENTS
+            && dgrams[j].len() <= seg
+            && bytes + dgrams[j].len() <= GSO_MAX_BYTES
+        {
+            bytes += dgrams[j].len();
+            j += 1;
+            if dgrams[j - 1].len() < seg {
+                break; // Only the last segment of a send may be short.
+            }
+        }
+        let ok = if j - i == 1 {
+            sock.send_to(dgrams[i], &ep).is_ok()
+        } else {
+            match sock.send_segmented(&dgrams[i..j], seg as u16, &ep) {
+                Ok(true) => true,
+                Ok(false) => continue, // GSO refused: the loop falls back above.
+                Err(_) => false,
+            }
+        };
+        if ok {
+            sent += j - i;
+        }
+        i = j;
+    }
     sent
 }
 
@@ -80,7 +70,7 @@ pub fn flush(dev: &Device, peer: &Arc<Peer>) {
             .packets
             .iter()
             .filter(|p| p.ok)
-            .map(|p| &p.buf[..p.len])
+            .map(|p| p.datagram())
             .collect();
         let sockets = dev.sockets();
         let Some(sock) = sockets.for_destination(&ep) else {

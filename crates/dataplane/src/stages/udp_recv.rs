@@ -3,7 +3,7 @@
 //! several datagrams of one flow in one buffer; they are split apart here, so later
 //! stages always see single datagrams.
 
-use crate::packet::{Packet, HEADROOM, MAX_BATCH, TAILROOM};
+use crate::packet::{Packet, MAX_BATCH};
 use std::io;
 use std::net::SocketAddr;
 use wirelane_io::udp::UdpSocket;
@@ -47,16 +47,8 @@ pub fn recv_batch(sock: &UdpSocket, s: &mut RecvScratch) -> io::Result<Vec<Packe
         } else {
             data.len().max(1)
         };
-        for d in data.chunks(step) {
-            let mut p = Packet::with_capacity(d.len().saturating_sub(HEADROOM + TAILROOM));
-            if p.buf.len() < d.len() {
-                p.buf.resize(d.len(), 0);
-            }
-            p.buf[..d.len()].copy_from_slice(d);
-            p.len = d.len();
-            p.src = s.srcs[i];
-            out.push(p);
-        }
+        let Some(src) = s.srcs[i] else { continue };
+        out.extend(data.chunks(step).map(|d| Packet::from_datagram(d, src)));
     }
     Ok(out)
 }
