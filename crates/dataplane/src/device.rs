@@ -163,7 +163,8 @@ impl Device {
         let (cookie_lane_tx, cookie_lane_rx) =
             crossbeam_channel::bounded(MAX_QUEUED_HANDSHAKES / 4);
         let mtu = tun.mtu().unwrap_or(wirelane_io::tun::DEFAULT_MTU);
-        // About one full per-peer queue's worth, so a first burst finds buffers ready.
+        // 512 buffers (1 MiB), half of one peer's queue bound (MAX_QUEUED_PACKETS), so
+        // a first burst finds buffers ready.
         crate::pool::prefill(8);
         Ok(Arc::new(Device {
             tun,

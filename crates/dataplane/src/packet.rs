@@ -2,7 +2,8 @@
 //!
 //! A [`Packet`] reserves headroom for the 16-byte transport header and tailroom for the
 //! padding and the 16-byte tag, so encryption and decryption happen in place without a
-//! copy. Its buffer comes from the [`pool`] and returns there when the packet drops. A [`Batch`] is a vector of one peer's packets under one keypair: the unit the
+//! copy. Its buffer comes from the [`pool`] and returns there when the packet drops.
+//! A [`Batch`] is a vector of one peer's packets under one keypair: the unit the
 //! pipeline moves between stages, and the unit of per-peer ordering.
 
 use std::net::SocketAddr;
@@ -67,10 +68,9 @@ impl Packet {
 
     /// A received datagram from `src`, kept at the start of the buffer.
     pub fn from_datagram(dgram: &[u8], src: SocketAddr) -> Packet {
+        // Room for a plaintext of the datagram's length less header and tag is room for
+        // the datagram itself.
         let mut p = Packet::with_capacity(dgram.len().saturating_sub(HEADROOM + TAILROOM));
-        if p.buf.len() < dgram.len() {
-            p.buf.resize(dgram.len(), 0);
-        }
         p.buf[..dgram.len()].copy_from_slice(dgram);
         p.len = dgram.len();
         p.src = Some(src);

@@ -4,6 +4,8 @@
 //! with correct IP and TCP headers and full checksums. Packets that only need their
 //! checksum completed (`NEEDS_CSUM`) get it here too.
 
+use std::io::IoSlice;
+
 /// Size of `struct virtio_net_hdr` as the TUN uses it by default.
 pub const VNET_HDR_LEN: usize = 10;
 
@@ -245,7 +247,7 @@ fn same_headers(a: &[u8], sa: &TcpSeg, b: &[u8], sb: &TcpSeg) -> bool {
 /// out one by one with an empty header. Each packet is emitted as pieces to be written
 /// end to end (one `writev`): `scratch` (reused between calls) holds the vnet header and
 /// the rebuilt IP/TCP header, the payloads are slices of `segs`, never copied.
-pub fn coalesce(segs: &[&[u8]], scratch: &mut Vec<u8>, mut emit: impl FnMut(&[&[u8]])) {
+pub fn coalesce(segs: &[&[u8]], scratch: &mut Vec<u8>, mut emit: impl FnMut(&[IoSlice<'_>])) {
     let mut i = 0;
     while i < segs.len() {
         let first = segs[i];
@@ -274,15 +276,19 @@ pub fn coalesce(segs: &[&[u8]], scratch: &mut Vec<u8>, mut emit: impl FnMut(&[&[
             }
             if j - i > 1 {
                 build_super(&segs[i..j], &f, total, scratch);
-                let mut pieces: Vec<&[u8]> = Vec::with_capacity(j - i + 1);
-                pieces.push(scratch);
-                pieces.extend(segs[i..j].iter().map(|s| &s[f.ip_hlen + f.tcp_hlen..]));
+                let mut pieces = Vec::with_capacity(j - i + 1);
+                pieces.push(IoSlice::new(scratch));
+                pieces.extend(
+                    segs[i..j]
+                        .iter()
+                        .map(|s| IoSlice::new(&s[f.ip_hlen + f.tcp_hlen..])),
+                );
                 emit(&pieces);
                 i = j;
                 continue;
             }
         }
-        emit(&[&[0u8; VNET_HDR_LEN], first]);
+        emit(&[IoSlice::new(&[0u8; VNET_HDR_LEN]), IoSlice::new(first)]);
         i += 1;
     }
 }
@@ -456,6 +462,11 @@ mod tests {
         );
     }
 
+    /// The packet `coalesce` emitted, its pieces laid end to end.
+    fn joined(pieces: &[IoSlice<'_>]) -> Vec<u8> {
+        pieces.iter().flat_map(|p| p.iter().copied()).collect()
+    }
+
     fn split_all(super_pkt: &[u8]) -> Vec<Vec<u8>> {
         let hdr = VnetHdr::parse(super_pkt).unwrap();
         let mut body = super_pkt[VNET_HDR_LEN..].to_vec();
@@ -488,7 +499,7 @@ mod tests {
             let refs: Vec<&[u8]> = segs.iter().map(Vec::as_slice).collect();
             let mut out = Vec::new();
             let mut scratch = Vec::new();
-            coalesce(&refs, &mut scratch, |b| out.push(b.concat()));
+            coalesce(&refs, &mut scratch, |b| out.push(joined(b)));
             assert_eq!(out.len(), 1, "one super-packet");
             let hdr = VnetHdr::parse(&out[0]).unwrap();
             assert_eq!(hdr.gso_size, 1360);
@@ -513,7 +524,7 @@ mod tests {
         };
         let refs: Vec<&[u8]> = vec![&segs[0], &other, &udp, &segs[1]];
         let mut out = Vec::new();
-        coalesce(&refs, &mut Vec::new(), |b| out.push(b.concat()));
+        coalesce(&refs, &mut Vec::new(), |b| out.push(joined(b)));
         assert_eq!(out.len(), 4);
         for (o, s) in out.iter().zip(&refs) {
             assert_eq!(&o[..VNET_HDR_LEN], &[0u8; VNET_HDR_LEN]);
@@ -523,7 +534,7 @@ mod tests {
         let all = segments(true, 5440, ACK);
         let refs: Vec<&[u8]> = vec![&all[0], &all[1], &all[3]];
         let mut out = Vec::new();
-        coalesce(&refs, &mut Vec::new(), |b| out.push(b.concat()));
+        coalesce(&refs, &mut Vec::new(), |b| out.push(joined(b)));
         assert_eq!(out.len(), 2);
         assert_eq!(split_all(&out[0]), all[..2].to_vec());
     }

@@ -143,12 +143,12 @@ impl Tun {
 
     /// Writes one packet given as pieces laid end to end (`writev`): the kernel gathers
     /// them, so a super-packet's payloads need not be copied together first.
-    pub fn write_pieces(&self, pieces: &[&[u8]]) -> io::Result<usize> {
-        // IoSlice is ABI-compatible with iovec on Unix.
-        let iovs: Vec<io::IoSlice<'_>> = pieces.iter().map(|p| io::IoSlice::new(p)).collect();
-        let n = iovs.len().min(libc::c_int::MAX as usize) as libc::c_int;
-        // SAFETY: every IoSlice refers to a live borrowed slice for the call.
-        cvt_size(unsafe { libc::writev(self.fd.as_raw_fd(), iovs.as_ptr().cast(), n) })
+    pub fn write_pieces(&self, pieces: &[io::IoSlice<'_>]) -> io::Result<usize> {
+        // More pieces than writev takes (IOV_MAX) fail with EINVAL, never a short packet.
+        let n = pieces.len().min(libc::c_int::MAX as usize) as libc::c_int;
+        // SAFETY: IoSlice is ABI-compatible with iovec on Unix, and every piece borrows
+        // a live slice for the duration of the call.
+        cvt_size(unsafe { libc::writev(self.fd.as_raw_fd(), pieces.as_ptr().cast(), n) })
     }
 
     /// Writes one buffer as it is.

@@ -191,10 +191,11 @@ pub fn xaead_open(
 }
 
 /// A user-space random generator for values drawn per message under load (the cookie
-/// reply nonce, and the cookie secret when it rotates): the ChaCha20 keystream under a secret key, as the output of sealing
-/// zeros with successive counters. One `getrandom` seeds it; each refill then yields
-/// 1 KiB, about forty nonces, without a system call. Distinct counters under one key
-/// never repeat a keystream block, which is what nonce uniqueness needs.
+/// reply nonce, and the cookie secret when it rotates): the ChaCha20 keystream under a
+/// secret key, as the output of sealing zeros with successive counters. One `getrandom`
+/// seeds it; each refill then yields 1 KiB, about forty nonces, without a system call.
+/// Distinct counters under one key never repeat a keystream block, which is what nonce
+/// uniqueness needs.
 pub struct KeystreamRng {
     key: [u8; KEY_LEN],
     counter: u64,
