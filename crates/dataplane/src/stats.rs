@@ -51,6 +51,9 @@ counters! {
     handshake_rate_limited,
     /// Cookie replies sent while under load.
     cookie_replies_sent,
+    /// Cookie replies dropped unsent: no room in the socket buffer, or no socket of the
+    /// destination's family.
+    cookie_replies_unsent,
     /// Handshake messages that authenticated with mac1 but failed later.
     handshake_failed,
     /// Handshakes completed here: initiations answered with a response, and responses

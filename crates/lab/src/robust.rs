@@ -138,6 +138,10 @@ pub struct FloodOutcome {
     pub spoofed_pps: Vec<f64>,
     pub under_load_seen: bool,
     pub cookie_replies_sent: u64,
+    /// Cookie replies dropped unsent, and spoofed initiations sent at wirelane, over the
+    /// same runs: together with `cookie_replies_sent`, the share of the flood answered.
+    pub cookie_replies_unsent: u64,
+    pub spoofed_sent_at_wirelane: u64,
     pub rate_limited: u64,
     /// Handshake messages from the one cookie-answering source that got past the rate
     /// limit while under load, and the seconds they were counted over.
@@ -263,6 +267,7 @@ pub fn flood_scenario(secs: f64, repeats: usize, rate: Option<u64>) -> Result<Fl
         let samples = sampler.join().map_err(|_| "sampler panicked")?;
         let s = join(spoofed)?;
         o.spoofed_pps.push(s.sent as f64 / s.seconds.max(1e-9));
+        o.spoofed_sent_at_wirelane += s.sent;
         for (_, st) in &samples {
             o.under_load_seen |= counter(st, "under_load") == 1;
         }
@@ -275,7 +280,9 @@ pub fn flood_scenario(secs: f64, repeats: usize, rate: Option<u64>) -> Result<Fl
         }
         o.under_load_cleared_s = o.under_load_cleared_s.max(stopped.elapsed().as_secs_f64());
     }
-    o.cookie_replies_sent = counter(&t.stats()?, "cookie_replies_sent");
+    let st = t.stats()?;
+    o.cookie_replies_sent = counter(&st, "cookie_replies_sent");
+    o.cookie_replies_unsent = counter(&st, "cookie_replies_unsent");
 
     // One source that answers cookies, beside the spoofed flood: while under load only
     // it can pass the gate, and each of its initiations then fails after one DH, so
@@ -363,7 +370,16 @@ pub fn print_flood(o: &FloodOutcome) {
             format!("{:.0}", median(&o.spoofed_pps).unwrap_or(0.0)),
         ),
         ("under load engaged", o.under_load_seen.to_string()),
-        ("cookie replies sent", o.cookie_replies_sent.to_string()),
+        (
+            "cookie replies sent / unsent / spoofed initiations sent",
+            format!(
+                "{} / {} / {} ({:.1}% answered)",
+                o.cookie_replies_sent,
+                o.cookie_replies_unsent,
+                o.spoofed_sent_at_wirelane,
+                100.0 * o.cookie_replies_sent as f64 / o.spoofed_sent_at_wirelane.max(1) as f64
+            ),
+        ),
         (
             "cookie-answering source got its cookie",
             o.cookie_source_got_cookie.to_string(),
@@ -417,6 +433,8 @@ pub struct ReplayOutcome {
     pub handshake_queue_full: u64,
     /// Replayed initiations answered with a cookie reply (the replays put B under load).
     pub cookie_replies: u64,
+    /// Cookie replies made but dropped unsent (no room in B's socket buffer).
+    pub cookie_replies_unsent: u64,
     pub latest_handshake_before: String,
     pub latest_handshake_after: String,
 }
@@ -462,6 +480,7 @@ pub fn replay_scenario(times: usize) -> Result<ReplayOutcome> {
                 "handshake_failed",
                 "handshake_queue_full",
                 "cookie_replies_sent",
+                "cookie_replies_unsent",
             ]
             .map(|k| counter(s, k))
         };
@@ -475,6 +494,7 @@ pub fn replay_scenario(times: usize) -> Result<ReplayOutcome> {
     o.handshake_rejected = delta(&before, &after, "handshake_failed");
     o.handshake_queue_full = delta(&before, &after, "handshake_queue_full");
     o.cookie_replies = delta(&before, &after, "cookie_replies_sent");
+    o.cookie_replies_unsent = delta(&before, &after, "cookie_replies_unsent");
     o.latest_handshake_after = latest()?.trim().to_string();
     Ok(o)
 }
@@ -491,8 +511,8 @@ pub fn print_replay(o: &ReplayOutcome) {
         o.initiation_injected, o.times
     );
     println!(
-        "| refused after DH (TAI64N replay) / cookie reply instead (under load) / dropped at a full queue | {} / {} / {} |",
-        o.handshake_rejected, o.cookie_replies, o.handshake_queue_full
+        "| refused after DH (TAI64N replay) / cookie reply instead (under load; unsent) / dropped at a full queue | {} / {} ({}) / {} |",
+        o.handshake_rejected, o.cookie_replies, o.cookie_replies_unsent, o.handshake_queue_full
     );
     println!(
         "| latest handshake before / after | {} / {} |",

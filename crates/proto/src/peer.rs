@@ -73,6 +73,8 @@ pub struct PeerState {
     timers: Timers,
     last_sent_initiation: Option<Duration>,
     handshake_attempts: u32,
+    /// The initiation in flight has already been resent early, on a cookie reply.
+    cookie_retry_spent: bool,
     sent_lastminute_handshake: bool,
     persistent_keepalive: u16,
     endpoint: Option<SocketAddr>,
@@ -96,6 +98,7 @@ impl PeerState {
             timers: Timers::default(),
             last_sent_initiation: None,
             handshake_attempts: 0,
+            cookie_retry_spent: false,
             sent_lastminute_handshake: false,
             persistent_keepalive: 0,
             endpoint: None,
@@ -196,6 +199,12 @@ impl PeerState {
                 return;
             }
         }
+        self.cookie_retry_spent = false;
+        self.send_initiation(ctx, out);
+    }
+
+    /// Builds, stamps and queues a fresh initiation, and arms its retry timer.
+    fn send_initiation(&mut self, ctx: &mut Ctx, out: &mut Vec<Output>) {
         let Some(local) = ctx.local else { return };
         let index = ctx.indices.allocate();
         let (msg, replaced) = match self
@@ -296,12 +305,31 @@ impl PeerState {
         Ok(())
     }
 
+    /// Takes the cookie out of a reply to our last handshake message.
+    ///
+    /// If the reply answers the initiation in flight, the initiation is sent again at
+    /// once, now with a mac2, rather than when the retry timer fires: a responder under
+    /// load answers a mac1-only initiation with nothing but a cookie, so waiting would
+    /// add REKEY_TIMEOUT to every session set up while it is loaded. Nothing in the
+    /// protocol ties the next initiation to the timer; the kernel and wireguard-go just
+    /// happen to wait.
+    ///
+    /// Bound: once per initiation the timer sent. mac1 is visible on the wire, so an
+    /// on-path attacker can forge a reply that opens; the early initiation's reply
+    /// (forged or real) cannot trigger another, so such an attacker gets at most one
+    /// extra initiation per REKEY_TIMEOUT out of us.
     pub fn consume_cookie_reply(
         &mut self,
+        ctx: &mut Ctx,
         reply: &CookieReply,
-        now: Duration,
+        out: &mut Vec<Output>,
     ) -> Result<(), CookieError> {
-        self.cookies.consume_reply(reply, now)
+        self.cookies.consume_reply(reply, ctx.now)?;
+        if self.handshake.pending_index() == Some(reply.receiver) && !self.cookie_retry_spent {
+            self.cookie_retry_spent = true;
+            self.send_initiation(ctx, out);
+        }
+        Ok(())
     }
 
     /// Reserves `n` send counters on the current keypair. `None` means no session can

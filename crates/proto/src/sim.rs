@@ -290,7 +290,7 @@ impl Sim {
                 let Ok(r) = CookieReply::parse(&bytes) else {
                     return;
                 };
-                let _ = self.nodes[i].peer.consume_cookie_reply(&r, now);
+                let _ = self.with_ctx(i, |p, ctx, out| p.consume_cookie_reply(ctx, &r, out));
             }
             Ok(Kind::Transport) => {
                 let Ok(h) = TransportHeader::parse(&bytes) else {

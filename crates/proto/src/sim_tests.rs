@@ -200,15 +200,55 @@ fn cookie_path_under_load() {
     let mut s = Sim::new();
     s.nodes[1].under_load = true;
     s.app_send(0, &payload(1));
-    // First initiation carries no mac2: the responder answers with a cookie reply only.
+    // The first initiation carries no mac2: the responder answers with a cookie reply
+    // only. The initiator resends at once with mac2 from the cookie, which succeeds,
+    // without waiting REKEY_TIMEOUT for its retry timer.
     assert_eq!(s.nodes[1].stats.cookie_replies_sent, 1);
-    assert_eq!(s.nodes[1].stats.responses_sent, 0);
-    assert!(s.nodes[1].delivered.is_empty());
-    // The retry (after REKEY_TIMEOUT) carries mac2 from the cookie and succeeds.
-    s.advance(6 * SEC, 100 * MS);
+    assert_eq!(s.nodes[0].stats.initiations_sent, 2);
     assert_eq!(s.nodes[1].stats.responses_sent, 1);
     assert_eq!(s.nodes[1].delivered, vec![payload(1)]);
+    // Nothing more happens later: the session is up.
+    s.advance(6 * SEC, 100 * MS);
+    assert_eq!(s.nodes[0].stats.initiations_sent, 2);
     assert_eq!(s.nodes[1].stats.cookie_replies_sent, 1);
+}
+
+/// An initiation resent early on a cookie reply cannot be resent early again: a forger
+/// on the path gets one extra initiation per REKEY_TIMEOUT out of us, not one per reply.
+#[test]
+fn cookie_reply_resends_an_initiation_at_most_once_per_retry() {
+    let mut s = Sim::new();
+    s.nodes[1].under_load = true;
+    // The early resend is lost on its way to the responder.
+    s.drop_to[1] = true;
+    s.app_send(0, &payload(1));
+    assert_eq!(s.nodes[0].stats.initiations_sent, 1);
+    let cookie_reply_to = |s: &mut Sim| {
+        let msg = s.nodes[0].sent_log.last().unwrap().clone();
+        let sender = Initiation::parse(&msg).unwrap().sender;
+        let (src, now) = (s.nodes[0].addr, s.now);
+        let n = &mut s.nodes[1];
+        n.gate
+            .checker
+            .create_reply(&msg, sender, &src, now, &mut n.rng)
+    };
+    // A reply to the in-flight initiation sends it again at once...
+    let reply = cookie_reply_to(&mut s);
+    s.with_ctx(0, |p, ctx, out| p.consume_cookie_reply(ctx, &reply, out))
+        .unwrap();
+    assert_eq!(s.nodes[0].stats.initiations_sent, 2);
+    // ...but a reply to that early resend only stores the cookie.
+    let reply = cookie_reply_to(&mut s);
+    s.with_ctx(0, |p, ctx, out| p.consume_cookie_reply(ctx, &reply, out))
+        .unwrap();
+    assert_eq!(s.nodes[0].stats.initiations_sent, 2);
+    // The retry timer still runs, and its initiation may be resent early once more.
+    s.advance(REKEY_TIMEOUT + REKEY_TIMEOUT_JITTER_MAX + 10 * MS, 10 * MS);
+    assert_eq!(s.nodes[0].stats.initiations_sent, 3);
+    let reply = cookie_reply_to(&mut s);
+    s.with_ctx(0, |p, ctx, out| p.consume_cookie_reply(ctx, &reply, out))
+        .unwrap();
+    assert_eq!(s.nodes[0].stats.initiations_sent, 4);
 }
 
 #[test]
@@ -220,17 +260,16 @@ fn cookie_reply_with_wrong_mac1_is_ignored() {
     let reply_bytes = s.nodes[1].sent_log.last().unwrap().clone();
     let mut forged = CookieReply::parse(&reply_bytes).unwrap();
     forged.encrypted_cookie[0] ^= 1;
-    let now = s.now;
-    assert!(s.nodes[0].peer.consume_cookie_reply(&forged, now).is_err());
-    assert!(s.nodes[0]
-        .peer
-        .consume_cookie_reply(&CookieReply::parse(&reply_bytes).unwrap(), now)
-        .is_ok());
+    let consume = |s: &mut Sim, r: &CookieReply| {
+        s.with_ctx(0, |p, ctx, out| p.consume_cookie_reply(ctx, r, out))
+    };
+    assert!(consume(&mut s, &forged).is_err());
+    // A reply that fails to open sends nothing.
+    assert_eq!(s.nodes[0].stats.initiations_sent, 1);
+    let reply = CookieReply::parse(&reply_bytes).unwrap();
+    assert!(consume(&mut s, &reply).is_ok());
     // A second copy of the same reply is refused: a cookie reply answers one message.
-    assert!(s.nodes[0]
-        .peer
-        .consume_cookie_reply(&CookieReply::parse(&reply_bytes).unwrap(), now)
-        .is_err());
+    assert!(consume(&mut s, &reply).is_err());
 }
 
 #[test]

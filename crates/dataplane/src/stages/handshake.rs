@@ -71,6 +71,7 @@ impl HandshakeScratch {
         }
         // A copy of the socket handles, so the table lock is released before sending.
         let sockets = dev.sockets().clone();
+        let mut sent = 0;
         for sock in [&sockets.v4, &sockets.v6].into_iter().flatten() {
             let batch: Vec<(&[u8], SocketAddr)> = self
                 .replies
@@ -85,12 +86,15 @@ impl HandshakeScratch {
             if batch.is_empty() {
                 continue;
             }
-            if let Ok(n) = sock.try_send_batch(&batch) {
-                dev.stats
-                    .cookie_replies_sent
-                    .fetch_add(n as u64, Ordering::Relaxed);
-            }
+            sent += sock.try_send_batch(&batch).unwrap_or(0);
         }
+        let stats = &dev.stats;
+        stats
+            .cookie_replies_sent
+            .fetch_add(sent as u64, Ordering::Relaxed);
+        stats
+            .cookie_replies_unsent
+            .fetch_add((self.replies.len() - sent) as u64, Ordering::Relaxed);
         self.replies.clear();
     }
 }
@@ -124,36 +128,8 @@ pub fn process(dev: &Device, job: HandshakeJob, scratch: &mut HandshakeScratch) 
         Message::Response(m) => m.sender,
     };
 
-    let verdict = {
-        let mut gate = dev.gate();
-        let Some(gate) = gate.as_mut() else { return };
-        gate.admit(
-            &job.bytes,
-            sender,
-            &job.src,
-            dev.under_load(),
-            now,
-            &mut scratch.rng,
-        )
-    };
-    match verdict {
-        GateVerdict::Process => {}
-        GateVerdict::SendCookieReply(reply) => {
-            scratch.push(dev, reply.to_bytes(), job.src);
-            return;
-        }
-        GateVerdict::Drop(GateDrop::InvalidMac1) => {
-            dev.stats
-                .handshake_invalid_mac1
-                .fetch_add(1, Ordering::Relaxed);
-            return;
-        }
-        GateVerdict::Drop(GateDrop::RateLimited) => {
-            dev.stats
-                .handshake_rate_limited
-                .fetch_add(1, Ordering::Relaxed);
-            return;
-        }
+    if !screen(dev, &job, sender, dev.under_load(), now, scratch) {
+        return;
     }
 
     let result = match msg {
@@ -200,6 +176,43 @@ pub fn process(dev: &Device, job: HandshakeJob, scratch: &mut HandshakeScratch) 
     }
 }
 
+/// Runs the gate on one handshake message. True when it may go on to the protocol step;
+/// otherwise it has been answered with a (queued) cookie reply or dropped, and counted.
+fn screen(
+    dev: &Device,
+    job: &HandshakeJob,
+    sender: u32,
+    under_load: bool,
+    now: Duration,
+    scratch: &mut HandshakeScratch,
+) -> bool {
+    let verdict = {
+        let mut gate = dev.gate();
+        let Some(gate) = gate.as_mut() else {
+            return false;
+        };
+        gate.admit(
+            &job.bytes,
+            sender,
+            &job.src,
+            under_load,
+            now,
+            &mut scratch.rng,
+        )
+    };
+    let counter = match verdict {
+        GateVerdict::Process => return true,
+        GateVerdict::SendCookieReply(reply) => {
+            scratch.push(dev, reply.to_bytes(), job.src);
+            return false;
+        }
+        GateVerdict::Drop(GateDrop::InvalidMac1) => &dev.stats.handshake_invalid_mac1,
+        GateVerdict::Drop(GateDrop::RateLimited) => &dev.stats.handshake_rate_limited,
+    };
+    counter.fetch_add(1, Ordering::Relaxed);
+    false
+}
+
 fn consume_cookie_reply(dev: &Device, job: &HandshakeJob) {
     let Ok(reply) = CookieReply::parse(&job.bytes) else {
         return;
@@ -208,7 +221,10 @@ fn consume_cookie_reply(dev: &Device, job: &HandshakeJob) {
         return;
     };
     // A cookie reply is not authenticated by a session: it never moves the endpoint.
-    let result = peer.state().consume_cookie_reply(&reply, dev.now());
+    // It may send our initiation again at once, with the cookie (see PeerState).
+    let result = dev.with_peer(&peer, |state, ctx, out| {
+        state.consume_cookie_reply(ctx, &reply, out)
+    });
     if let Err(e) = result {
         tracing::debug!(src = %job.src, error = %e, "cookie reply rejected");
     }
