@@ -114,7 +114,6 @@ pub fn process(dev: &Device, job: HandshakeJob, scratch: &mut HandshakeScratch) 
     let Some(identity) = dev.identity() else {
         return;
     };
-    let now = dev.now();
     // Parsed once; the gate needs the sender index, the protocol step the rest.
     let msg = match job.kind {
         Kind::Initiation => Initiation::parse(&job.bytes).map(Message::Initiation),
@@ -128,7 +127,7 @@ pub fn process(dev: &Device, job: HandshakeJob, scratch: &mut HandshakeScratch) 
         Message::Response(m) => m.sender,
     };
 
-    if !screen(dev, &job, sender, dev.under_load(), now, scratch) {
+    if !screen(dev, &job, sender, scratch) {
         return;
     }
 
@@ -178,14 +177,7 @@ pub fn process(dev: &Device, job: HandshakeJob, scratch: &mut HandshakeScratch) 
 
 /// Runs the gate on one handshake message. True when it may go on to the protocol step;
 /// otherwise it has been answered with a (queued) cookie reply or dropped, and counted.
-fn screen(
-    dev: &Device,
-    job: &HandshakeJob,
-    sender: u32,
-    under_load: bool,
-    now: Duration,
-    scratch: &mut HandshakeScratch,
-) -> bool {
+fn screen(dev: &Device, job: &HandshakeJob, sender: u32, scratch: &mut HandshakeScratch) -> bool {
     let verdict = {
         let mut gate = dev.gate();
         let Some(gate) = gate.as_mut() else {
@@ -195,8 +187,8 @@ fn screen(
             &job.bytes,
             sender,
             &job.src,
-            under_load,
-            now,
+            dev.under_load(),
+            dev.now(),
             &mut scratch.rng,
         )
     };
