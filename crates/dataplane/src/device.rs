@@ -273,25 +273,35 @@ impl Device {
         let _ = self.work_tx.send(w);
     }
 
-    /// Queues a handshake message; drops it when its queue is full.
-    pub(crate) fn submit_handshake(&self, job: HandshakeJob) {
+    /// Queues a copy of a handshake message; drops it when its lane is full.
+    ///
+    /// Fullness is checked before the copy: under a flood most messages find the lane
+    /// full, and the receive thread, which shares its core with the handshake thread,
+    /// should not spend an allocation and a contended send on each of them.
+    pub(crate) fn submit_handshake(&self, kind: Kind, bytes: &[u8], src: SocketAddr) {
         if self.handshake_queue_len() >= UNDER_LOAD_THRESHOLD {
             self.last_under_load_ns
                 .store(self.now().as_nanos() as u64, Ordering::Relaxed);
         }
         let mac2_len = wirelane_proto::crypto::MAC_LEN;
-        let carries_cookie = match job.kind {
+        let carries_cookie = match kind {
             Kind::CookieReply => true,
-            _ => job.bytes[job.bytes.len() - mac2_len..]
-                .iter()
-                .any(|&b| b != 0),
+            _ => bytes[bytes.len() - mac2_len..].iter().any(|&b| b != 0),
         };
         let lane = if carries_cookie {
             &self.cookie_lane_tx
         } else {
             &self.handshake_tx
         };
-        if lane.try_send(job).is_err() {
+        let queued = !lane.is_full()
+            && lane
+                .try_send(HandshakeJob {
+                    kind,
+                    bytes: bytes.to_vec(),
+                    src,
+                })
+                .is_ok();
+        if !queued {
             self.stats
                 .handshake_queue_full
                 .fetch_add(1, Ordering::Relaxed);

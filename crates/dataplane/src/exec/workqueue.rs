@@ -120,12 +120,16 @@ fn udp_reader(dev: &Device, v6: bool) {
             continue;
         };
         let mut scratch = stages::udp_recv::RecvScratch::new(sock.gro_enabled());
-        while dev.sockets_generation.load(Ordering::SeqCst) == generation {
-            match wait_readable(sock.fd(), &dev.waker, IDLE_CHECK.as_millis() as i32) {
-                Ok(Ready::Readable) => {}
-                Ok(Ready::Timeout) => continue,
-                Ok(Ready::Woken) => return,
-                Err(e) => return dev.fail(format!("polling the UDP socket failed: {e}")),
+        while dev.sockets_generation.load(Ordering::SeqCst) == generation && !dev.stopping() {
+            // After a receive that used every buffer the socket likely holds more: skip
+            // the poll, which under load would cost a syscall per batch for nothing.
+            if !scratch.filled() {
+                match wait_readable(sock.fd(), &dev.waker, IDLE_CHECK.as_millis() as i32) {
+                    Ok(Ready::Readable) => {}
+                    Ok(Ready::Timeout) => continue,
+                    Ok(Ready::Woken) => return,
+                    Err(e) => return dev.fail(format!("polling the UDP socket failed: {e}")),
+                }
             }
             match stages::udp_recv::recv_batch(&sock, &mut scratch) {
                 Ok(packets) => stages::classify::classify(dev, packets),

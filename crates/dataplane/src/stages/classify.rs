@@ -3,7 +3,7 @@
 //! by receiver index (O(1) hash lookup) and entered into their peer's ordered RX queue
 //! and the crypt queue, in arrival order. Everything else is dropped and counted.
 
-use crate::device::{Device, HandshakeJob};
+use crate::device::Device;
 use crate::exec::Work;
 use crate::packet::{Batch, Packet};
 use std::sync::atomic::Ordering;
@@ -31,13 +31,9 @@ pub fn classify(dev: &Device, packets: Vec<Packet>) {
                 }
             }
             Ok(kind) => {
-                // Handshake messages are small: copy them out and let the packet's
-                // buffer go back to the pool.
-                dev.submit_handshake(HandshakeJob {
-                    kind,
-                    bytes: dgram.to_vec(),
-                    src,
-                });
+                // Handshake messages are small: copied out (when there is room), so
+                // the packet's buffer goes back to the pool.
+                dev.submit_handshake(kind, dgram, src);
             }
             Err(_) => {
                 dev.stats.rx_malformed.fetch_add(1, Ordering::Relaxed);

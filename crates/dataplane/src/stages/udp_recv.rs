@@ -14,6 +14,8 @@ pub struct RecvScratch {
     lens: [usize; MAX_BATCH],
     srcs: [Option<SocketAddr>; MAX_BATCH],
     segs: [usize; MAX_BATCH],
+    /// The last receive used every buffer, so more may be queued already.
+    filled: bool,
 }
 
 impl RecvScratch {
@@ -28,17 +30,26 @@ impl RecvScratch {
             lens: [0; MAX_BATCH],
             srcs: [None; MAX_BATCH],
             segs: [0; MAX_BATCH],
+            filled: false,
         }
+    }
+
+    /// Whether the last receive used every buffer: the socket may hold more, and the
+    /// reader can receive again without first polling for it.
+    pub fn filled(&self) -> bool {
+        self.filled
     }
 }
 
 /// Receives what is queued on `sock`, up to one batch of buffers, without blocking.
 pub fn recv_batch(sock: &UdpSocket, s: &mut RecvScratch) -> io::Result<Vec<Packet>> {
+    s.filled = false;
     let n = match sock.recv_batch(&mut s.bufs, &mut s.lens, &mut s.srcs, &mut s.segs) {
         Ok(n) => n,
         Err(e) if e.kind() == io::ErrorKind::WouldBlock => 0,
         Err(e) => return Err(e),
     };
+    s.filled = n == s.bufs.len();
     let mut out = Vec::with_capacity(n);
     for i in 0..n {
         let data = &s.bufs[i][..s.lens[i]];
