@@ -269,8 +269,11 @@ impl Device {
     // --- work submission ---
 
     pub(crate) fn submit(&self, w: Work) {
-        // The receiver lives as long as the device, so sending cannot fail.
-        let _ = self.work_tx.send(w);
+        // An I/O reader may run the item itself (the workqueue model's idle shortcut).
+        if let Some(w) = crate::exec::workqueue::run_here(self, w) {
+            // The receiver lives as long as the device, so sending cannot fail.
+            let _ = self.work_tx.send(w);
+        }
     }
 
     /// Queues a copy of a handshake message; drops it when its lane is full.
