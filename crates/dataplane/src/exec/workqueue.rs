@@ -87,7 +87,7 @@ thread_local! {
     static IO_READER: Cell<bool> = const { Cell::new(false) };
 }
 
-/// Largest crypt batch a reader runs itself.
+/// Largest crypt batch, or serial-stage backlog, a reader runs itself.
 const SHORTCUT_MAX_PACKETS: usize = 4;
 
 /// The idle shortcut: on an I/O reader thread, with the shared FIFO empty, a small item
@@ -102,9 +102,12 @@ const SHORTCUT_MAX_PACKETS: usize = 4;
 /// Larger batches are queued still: a reader busy with crypto stops reading, and the
 /// workers exist to run those in parallel.
 pub(crate) fn run_here(dev: &Device, w: Work) -> Option<Work> {
+    // A serial stage drains everything finished in its peer's queue, which under bulk
+    // traffic can be many batches sealed by the workers: those stay with the workers.
     let small = match &w {
         Work::Encrypt(b) | Work::Decrypt(b) => b.len() <= SHORTCUT_MAX_PACKETS,
-        Work::FlushTx(_) | Work::DeliverRx(_) => true,
+        Work::FlushTx(p) => p.tx_queue.queued_packets() <= SHORTCUT_MAX_PACKETS,
+        Work::DeliverRx(p) => p.rx_queue.queued_packets() <= SHORTCUT_MAX_PACKETS,
     };
     if small && IO_READER.get() && dev.work_rx.is_empty() {
         run(dev, w);
