@@ -3,6 +3,7 @@
 //! the same priority. A peer's serial stage is just another item, run by whichever
 //! worker is free. Beside the workers: one reader per I/O source (TUN, each UDP
 //! socket), one handshake thread with its own bounded queue, and one timer thread.
+//! A reader that finds the FIFO empty runs a small item itself (see `run_here`).
 
 use super::Work;
 use crate::device::Device;
