@@ -260,11 +260,12 @@ impl Daemon {
 
     /// Runs `wg ARGS` against this daemon's interface.
     pub fn wg(&self, args: &str) -> String {
-        sh_ok(&format!(
-            "ip netns exec {} wg {}",
-            self.ns,
-            args.replace("IF", &self.ifname)
-        ))
+        // Only a whole word is the placeholder: a base64 key may contain "IF".
+        let args: Vec<&str> = args
+            .split(' ')
+            .map(|w| if w == "IF" { self.ifname.as_str() } else { w })
+            .collect();
+        sh_ok(&format!("ip netns exec {} wg {}", self.ns, args.join(" ")))
     }
 
     /// Sends SIGTERM and waits up to `timeout` for exit; returns whether it exited.
