@@ -11,6 +11,7 @@ use crate::stages;
 use crate::stats::Stats;
 use crossbeam_channel::{Receiver, Sender};
 use rand_core::{OsRng, RngCore};
+use std::cell::RefCell;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::net::SocketAddr;
@@ -21,6 +22,7 @@ use wirelane_io::poll::Waker;
 use wirelane_io::tun::Tun;
 use wirelane_io::udp::UdpSocket;
 use wirelane_proto::cookie::Gate;
+use wirelane_proto::crypto::KeystreamRng;
 use wirelane_proto::messages::Kind;
 use wirelane_proto::{AllowedIps, Ctx, IndexTable, LocalIdentity, Output, PeerState};
 
@@ -129,6 +131,14 @@ pub struct Device {
     pub waker: Waker,
     /// Why the device stopped on its own (the TUN went away), if it did.
     pub fatal: Mutex<Option<String>>,
+}
+
+thread_local! {
+    /// Randomness for protocol steps: ephemeral keys, session indices and the rekey
+    /// jitter that every data send draws. Seeded once per thread from the OS; drawing
+    /// from the OS instead cost a `getrandom` syscall per request on an idle tunnel.
+    /// The generator erases its key as it goes (see [`KeystreamRng`]).
+    static STEP_RNG: RefCell<KeystreamRng> = RefCell::new(KeystreamRng::from_rng(&mut OsRng));
 }
 
 /// Index-table view handed to the protocol for one peer.
@@ -347,15 +357,16 @@ impl Device {
                 map: &self.indices,
                 peer,
             };
-            let mut rng = OsRng;
-            let mut ctx = Ctx {
-                now: self.now(),
-                wall: self.wall(),
-                rng: &mut rng,
-                local: identity.as_deref(),
-                indices: &mut indices,
-            };
-            let r = f(&mut state, &mut ctx, &mut out);
+            let r = STEP_RNG.with_borrow_mut(|rng| {
+                let mut ctx = Ctx {
+                    now: self.now(),
+                    wall: self.wall(),
+                    rng,
+                    local: identity.as_deref(),
+                    indices: &mut indices,
+                };
+                f(&mut state, &mut ctx, &mut out)
+            });
             (r, state.next_deadline())
         };
         self.rearm(peer, deadline);

@@ -190,12 +190,13 @@ pub fn xaead_open(
     Ok(buf)
 }
 
-/// A user-space random generator for values drawn per message under load (the cookie
-/// reply nonce, and the cookie secret when it rotates): the ChaCha20 keystream under a
-/// secret key, as the output of sealing zeros with successive counters. One `getrandom`
-/// seeds it; each refill then yields 1 KiB, about forty nonces, without a system call.
-/// Distinct counters under one key never repeat a keystream block, which is what nonce
-/// uniqueness needs.
+/// A user-space cryptographic random generator: the ChaCha20 keystream under a secret
+/// key, as the output of sealing zeros. One `getrandom` seeds it; each refill then
+/// yields 1 KiB without a system call. It serves values drawn per message (cookie reply
+/// nonces, the rekey jitter of every data send) and also ephemeral keys and session
+/// indices, so it erases its key as it goes: each refill's first 32 bytes become the
+/// next key and are never handed out ("fast key erasure"). Memory read later therefore
+/// cannot reproduce output that was already handed out, as the kernel's CRNG does.
 pub struct KeystreamRng {
     key: [u8; KEY_LEN],
     counter: u64,
@@ -224,6 +225,26 @@ impl KeystreamRng {
     }
 }
 
+impl KeystreamRng {
+    /// One keystream block run: the next key first, then the output.
+    fn refill(&mut self) {
+        let mut sealed = aead_seal(
+            &self.key,
+            self.counter,
+            &[0; KEY_LEN + KEYSTREAM_REFILL],
+            &[],
+        );
+        self.key.copy_from_slice(&sealed[..KEY_LEN]);
+        // Everything in `buf` was handed out and zeroed already; reuse its allocation.
+        self.buf.clear();
+        self.buf
+            .extend_from_slice(&sealed[KEY_LEN..KEY_LEN + KEYSTREAM_REFILL]); // no tag
+        sealed.zeroize();
+        self.counter += 1;
+        self.pos = 0;
+    }
+}
+
 impl Drop for KeystreamRng {
     fn drop(&mut self) {
         self.key.zeroize();
@@ -246,12 +267,7 @@ impl rand_core::RngCore for KeystreamRng {
         let mut done = 0;
         while done < dest.len() {
             if self.pos == self.buf.len() {
-                let mut sealed = aead_seal(&self.key, self.counter, &[0; KEYSTREAM_REFILL], &[]);
-                sealed.truncate(KEYSTREAM_REFILL); // the tag is not keystream
-                self.buf.zeroize();
-                self.buf = sealed;
-                self.counter += 1;
-                self.pos = 0;
+                self.refill();
             }
             let n = (dest.len() - done).min(self.buf.len() - self.pos);
             dest[done..done + n].copy_from_slice(&self.buf[self.pos..self.pos + n]);
@@ -304,27 +320,43 @@ mod tests {
         for chunk in got.chunks_mut(24) {
             rng.fill_bytes(chunk);
         }
+        // Each refill: the keystream under the current key, whose first 32 bytes are the
+        // next key and the rest the output.
         let mut want = Vec::new();
+        let mut key = [7; KEY_LEN];
         for counter in 0..4 {
-            let block = aead_seal(&[7; KEY_LEN], counter, &[0; KEYSTREAM_REFILL], &[]);
-            want.extend_from_slice(&block[..KEYSTREAM_REFILL]);
+            let block = aead_seal(&key, counter, &[0; KEY_LEN + KEYSTREAM_REFILL], &[]);
+            key.copy_from_slice(&block[..KEY_LEN]);
+            want.extend_from_slice(&block[KEY_LEN..KEY_LEN + KEYSTREAM_REFILL]);
         }
         assert_eq!(got, want[..got.len()]);
+        assert_eq!(
+            rng.key, key,
+            "the key in memory is the last refill's next key"
+        );
     }
 
     /// RFC 8439 A.1 test vector #2: the ChaCha20 block for an all-zero key and nonce
-    /// at block counter 1, which is where the AEAD's encryption keystream starts.
+    /// at block counter 1, which is where the AEAD's encryption keystream starts. Its
+    /// first half replaces the seed key, and output starts at its second half.
     #[test]
-    fn keystream_rng_matches_rfc8439_block() {
+    fn keystream_rng_matches_rfc8439_block_and_erases_the_seed() {
+        let hex = |h: &str| -> Vec<u8> {
+            (0..h.len() / 2)
+                .map(|i| u8::from_str_radix(&h[2 * i..2 * i + 2], 16).unwrap())
+                .collect()
+        };
         let mut rng = KeystreamRng::from_seed([0; KEY_LEN]);
-        let mut got = [0u8; 64];
+        let mut got = [0u8; 32];
         rng.fill_bytes(&mut got);
-        let want = "9f07e7be5551387a98ba977c732d080dcb0f29a048e3656912c6533e32ee7aed\
-                    29b721769ce64e43d57133b074d839d531ed1f28510afb45ace10a1f4b794d6f";
-        let want: Vec<u8> = (0..64)
-            .map(|i| u8::from_str_radix(&want[2 * i..2 * i + 2], 16).unwrap())
-            .collect();
-        assert_eq!(got[..], want[..]);
+        assert_eq!(
+            rng.key[..],
+            hex("9f07e7be5551387a98ba977c732d080dcb0f29a048e3656912c6533e32ee7aed")[..]
+        );
+        assert_eq!(
+            got[..],
+            hex("29b721769ce64e43d57133b074d839d531ed1f28510afb45ace10a1f4b794d6f")[..]
+        );
     }
 
     #[test]
