@@ -199,64 +199,40 @@ impl UdpSocket {
         self.gro
     }
 
-    /// Receives up to `bufs.len()` buffers. Fills `lens`, `srcs` and `segs` for each one
-    /// received and returns the count; `WouldBlock` when nothing is queued. `segs[i]`
-    /// is the datagram size when the kernel coalesced several datagrams of that size
-    /// (the last may be shorter) into buffer i, and 0 otherwise.
-    pub fn recv_batch(
-        &self,
-        bufs: &mut [Vec<u8>],
-        lens: &mut [usize],
-        srcs: &mut [Option<SocketAddr>],
-        segs: &mut [usize],
-    ) -> io::Result<usize> {
-        let n = bufs.len().min(lens.len()).min(srcs.len()).min(segs.len());
-        // SAFETY: all-zero iovec/mmsghdr/sockaddr_storage are valid initial values.
-        let mut iovs: Vec<libc::iovec> = vec![unsafe { zeroed() }; n];
-        let mut names: Vec<libc::sockaddr_storage> = vec![unsafe { zeroed() }; n];
-        let mut hdrs: Vec<libc::mmsghdr> = vec![unsafe { zeroed() }; n];
-        // One cmsg buffer per message, u64-aligned, big enough for a UDP_GRO int.
-        let mut controls: Vec<[u64; 4]> = vec![[0; 4]; n];
-        for i in 0..n {
-            iovs[i] = libc::iovec {
-                iov_base: bufs[i].as_mut_ptr().cast(),
-                iov_len: bufs[i].len(),
-            };
-            hdrs[i].msg_hdr.msg_name = (&mut names[i] as *mut libc::sockaddr_storage).cast();
-            hdrs[i].msg_hdr.msg_namelen = size_of::<libc::sockaddr_storage>() as _;
-            hdrs[i].msg_hdr.msg_iov = &mut iovs[i];
-            hdrs[i].msg_hdr.msg_iovlen = 1;
-            hdrs[i].msg_hdr.msg_control = controls[i].as_mut_ptr().cast();
-            hdrs[i].msg_hdr.msg_controllen = size_of::<[u64; 4]>() as _;
-        }
-        // SAFETY: every header points at live buffers owned by this frame or `bufs`,
-        // which outlive the call.
+    /// Receives into `batch`'s buffers and returns the count; `WouldBlock` when nothing
+    /// is queued. [`RecvBatch::datagram`] then reads each one.
+    pub fn recv_batch(&self, batch: &mut RecvBatch) -> io::Result<usize> {
+        batch.got = 0;
+        batch.reset_headers();
+        let n = batch.hdrs.len();
+        // SAFETY: every header points at live buffers owned by `batch` (see RecvBatch),
+        // which outlives the call.
         let got = cvt(unsafe {
             libc::recvmmsg(
                 self.fd(),
-                hdrs.as_mut_ptr(),
+                batch.hdrs.as_mut_ptr(),
                 n as _,
                 libc::MSG_DONTWAIT,
                 std::ptr::null_mut(),
             )
         })? as usize;
         for i in 0..got {
-            lens[i] = hdrs[i].msg_len as usize;
-            srcs[i] = from_sockaddr(&names[i]);
-            segs[i] = 0;
+            let hdr = &batch.hdrs[i];
+            batch.segs[i] = 0;
             // SAFETY: the kernel filled msg_control/msg_controllen; the CMSG macros walk
             // only within that buffer.
             unsafe {
-                let mut c = libc::CMSG_FIRSTHDR(&hdrs[i].msg_hdr);
+                let mut c = libc::CMSG_FIRSTHDR(&hdr.msg_hdr);
                 while !c.is_null() {
                     if (*c).cmsg_level == libc::SOL_UDP && (*c).cmsg_type == UDP_GRO {
                         let v = std::ptr::read_unaligned(libc::CMSG_DATA(c) as *const libc::c_int);
-                        segs[i] = v.max(0) as usize;
+                        batch.segs[i] = v.max(0) as usize;
                     }
-                    c = libc::CMSG_NXTHDR(&hdrs[i].msg_hdr, c);
+                    c = libc::CMSG_NXTHDR(&hdr.msg_hdr, c);
                 }
             }
         }
+        batch.got = got;
         Ok(got)
     }
 
@@ -443,6 +419,84 @@ impl UdpSocket {
     }
 }
 
+/// Everything one `recvmmsg` needs, allocated once per reader thread: the buffers and
+/// the per-message headers, names and control space that point into them. Allocating
+/// and zeroing those headers on every call cost about 3.5 KiB of calloc per receive.
+///
+/// Invariant: the headers hold pointers into the other vectors' heap storage, which is
+/// never resized after `new`, so moving a `RecvBatch` keeps them valid.
+pub struct RecvBatch {
+    bufs: Vec<Vec<u8>>,
+    iovs: Vec<libc::iovec>,
+    names: Vec<libc::sockaddr_storage>,
+    controls: Vec<[u64; 4]>,
+    hdrs: Vec<libc::mmsghdr>,
+    segs: Vec<usize>,
+    got: usize,
+}
+
+impl RecvBatch {
+    /// `count` buffers of `size` bytes each.
+    pub fn new(count: usize, size: usize) -> RecvBatch {
+        let mut bufs: Vec<Vec<u8>> = (0..count).map(|_| vec![0u8; size]).collect();
+        let iovs = bufs
+            .iter_mut()
+            .map(|b| libc::iovec {
+                iov_base: b.as_mut_ptr().cast(),
+                iov_len: b.len(),
+            })
+            .collect();
+        let mut batch = RecvBatch {
+            bufs,
+            iovs,
+            // SAFETY: an all-zero sockaddr_storage / mmsghdr is a valid value.
+            names: vec![unsafe { zeroed() }; count],
+            // One cmsg buffer per message, u64-aligned, big enough for a UDP_GRO int.
+            controls: vec![[0; 4]; count],
+            hdrs: vec![unsafe { zeroed() }; count],
+            segs: vec![0; count],
+            got: 0,
+        };
+        for i in 0..count {
+            let h = &mut batch.hdrs[i].msg_hdr;
+            h.msg_name = (&mut batch.names[i] as *mut libc::sockaddr_storage).cast();
+            h.msg_iov = &mut batch.iovs[i];
+            h.msg_iovlen = 1;
+            h.msg_control = batch.controls[i].as_mut_ptr().cast();
+        }
+        batch.reset_headers();
+        batch
+    }
+
+    /// Restores the lengths the kernel overwrites on each receive.
+    fn reset_headers(&mut self) {
+        for h in &mut self.hdrs {
+            h.msg_hdr.msg_namelen = size_of::<libc::sockaddr_storage>() as _;
+            h.msg_hdr.msg_controllen = size_of::<[u64; 4]>() as _;
+            h.msg_hdr.msg_flags = 0;
+            h.msg_len = 0;
+        }
+    }
+
+    /// How many buffers one receive can fill.
+    pub fn capacity(&self) -> usize {
+        self.bufs.len()
+    }
+
+    /// Buffer `i` of the last receive: its bytes, its source, and the datagram size
+    /// when the kernel coalesced several datagrams of that size into it (the last may
+    /// be shorter), or 0. `None` past the count received, or for a source that is not
+    /// an IP address.
+    pub fn datagram(&self, i: usize) -> Option<(&[u8], SocketAddr, usize)> {
+        if i >= self.got {
+            return None;
+        }
+        let src = from_sockaddr(&self.names[i])?;
+        let len = (self.hdrs[i].msg_len as usize).min(self.bufs[i].len());
+        Some((&self.bufs[i][..len], src, self.segs[i]))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -455,28 +509,24 @@ mod tests {
         let payloads: Vec<Vec<u8>> = (0..10u8).map(|i| vec![i; 100 + i as usize]).collect();
         let msgs: Vec<(&[u8], SocketAddr)> = payloads.iter().map(|p| (p.as_slice(), dst)).collect();
         assert_eq!(a.send_batch(&msgs).unwrap(), 10);
-        let mut bufs = vec![vec![0u8; 2048]; 16];
-        let mut lens = [0; 16];
-        let mut srcs = [None; 16];
-        let mut segs = [0; 16];
-        let mut got = 0;
+        let mut batch = RecvBatch::new(4, 2048);
+        let mut got: Vec<(Vec<u8>, SocketAddr)> = Vec::new();
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
-        while got < 10 && std::time::Instant::now() < deadline {
-            match b.recv_batch(
-                &mut bufs[got..],
-                &mut lens[got..],
-                &mut srcs[got..],
-                &mut segs[got..],
-            ) {
-                Ok(n) => got += n,
+        // Four buffers for ten datagrams: the headers are reused across receives.
+        while got.len() < 10 && std::time::Instant::now() < deadline {
+            match b.recv_batch(&mut batch) {
+                Ok(n) => got.extend((0..n).map(|i| {
+                    let (d, src, _) = batch.datagram(i).unwrap();
+                    (d.to_vec(), src)
+                })),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::thread::yield_now(),
                 Err(e) => panic!("{e}"),
             }
         }
-        assert_eq!(got, 10);
-        for i in 0..10 {
-            assert_eq!(&bufs[i][..lens[i]], payloads[i].as_slice());
-            assert_eq!(srcs[i].unwrap().port(), a.local_port().unwrap());
+        assert_eq!(got.len(), 10);
+        for (i, (d, src)) in got.iter().enumerate() {
+            assert_eq!(d, &payloads[i]);
+            assert_eq!(src.port(), a.local_port().unwrap());
         }
     }
 
@@ -493,18 +543,16 @@ mod tests {
             assert!(!a.gso_enabled());
             return; // Kernel without UDP GSO: the fallback path is what callers use.
         }
-        let mut bufs = vec![vec![0u8; 65536]; 8];
-        let mut lens = [0; 8];
-        let mut srcs = [None; 8];
-        let mut segs = [0; 8];
+        let mut batch = RecvBatch::new(8, 65536);
         // With UDP_GRO the five may arrive as one coalesced buffer; split them back.
         let mut dgrams: Vec<Vec<u8>> = Vec::new();
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
         while dgrams.len() < 5 && std::time::Instant::now() < deadline {
-            if let Ok(n) = b.recv_batch(&mut bufs, &mut lens, &mut srcs, &mut segs) {
+            if let Ok(n) = b.recv_batch(&mut batch) {
                 for i in 0..n {
-                    let step = if segs[i] > 0 { segs[i] } else { lens[i] };
-                    dgrams.extend(bufs[i][..lens[i]].chunks(step).map(<[u8]>::to_vec));
+                    let (d, _, seg) = batch.datagram(i).unwrap();
+                    let step = if seg > 0 { seg } else { d.len().max(1) };
+                    dgrams.extend(d.chunks(step).map(<[u8]>::to_vec));
                 }
             }
         }

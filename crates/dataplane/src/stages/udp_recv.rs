@@ -5,15 +5,11 @@
 
 use crate::packet::{Packet, MAX_BATCH};
 use std::io;
-use std::net::SocketAddr;
-use wirelane_io::udp::UdpSocket;
+use wirelane_io::udp::{RecvBatch, UdpSocket};
 
 /// Receive buffers of one reader thread, allocated once.
 pub struct RecvScratch {
-    bufs: Vec<Vec<u8>>,
-    lens: [usize; MAX_BATCH],
-    srcs: [Option<SocketAddr>; MAX_BATCH],
-    segs: [usize; MAX_BATCH],
+    batch: RecvBatch,
     /// The last receive used every buffer, so more may be queued already.
     filled: bool,
 }
@@ -26,10 +22,7 @@ impl RecvScratch {
         let size = if gro { 65536 } else { 9216 };
         let count = if gro { MAX_BATCH / 4 } else { MAX_BATCH };
         RecvScratch {
-            bufs: (0..count).map(|_| vec![0u8; size]).collect(),
-            lens: [0; MAX_BATCH],
-            srcs: [None; MAX_BATCH],
-            segs: [0; MAX_BATCH],
+            batch: RecvBatch::new(count, size),
             filled: false,
         }
     }
@@ -44,21 +37,18 @@ impl RecvScratch {
 /// Receives what is queued on `sock`, up to one batch of buffers, without blocking.
 pub fn recv_batch(sock: &UdpSocket, s: &mut RecvScratch) -> io::Result<Vec<Packet>> {
     s.filled = false;
-    let n = match sock.recv_batch(&mut s.bufs, &mut s.lens, &mut s.srcs, &mut s.segs) {
+    let n = match sock.recv_batch(&mut s.batch) {
         Ok(n) => n,
         Err(e) if e.kind() == io::ErrorKind::WouldBlock => 0,
         Err(e) => return Err(e),
     };
-    s.filled = n == s.bufs.len();
+    s.filled = n == s.batch.capacity();
     let mut out = Vec::with_capacity(n);
     for i in 0..n {
-        let data = &s.bufs[i][..s.lens[i]];
-        let step = if s.segs[i] > 0 {
-            s.segs[i]
-        } else {
-            data.len().max(1)
+        let Some((data, src, seg)) = s.batch.datagram(i) else {
+            continue;
         };
-        let Some(src) = s.srcs[i] else { continue };
+        let step = if seg > 0 { seg } else { data.len().max(1) };
         out.extend(data.chunks(step).map(|d| Packet::from_datagram(d, src)));
     }
     Ok(out)
