@@ -169,6 +169,10 @@ pub fn format_stats(dev: &Device) -> String {
     let _ = writeln!(out, "under_load={}", u8::from(dev.under_load()));
     let _ = writeln!(out, "handshake_queue={}", dev.handshake_queue_len());
     let _ = writeln!(out, "ratelimiter_sources={}", dev.ratelimiter_sources());
+    let sockets = dev.sockets();
+    let _ = writeln!(out, "data_socket_drops={}", sockets.kernel_drops(false));
+    let _ = writeln!(out, "handshake_socket_drops={}", sockets.kernel_drops(true));
+    drop(sockets);
     let table = dev.table();
     let staged_max = table.by_id.values().map(|p| p.staged_len()).max();
     let _ = writeln!(out, "peers={}", table.by_id.len());

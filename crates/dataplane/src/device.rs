@@ -30,6 +30,10 @@ use wirelane_proto::{AllowedIps, Ctx, IndexTable, LocalIdentity, Output, PeerSta
 pub const MAX_QUEUED_HANDSHAKES: usize = 4096;
 /// Queue depth from which the interface counts as under load: an eighth of the bound.
 pub const UNDER_LOAD_THRESHOLD: usize = MAX_QUEUED_HANDSHAKES / 8;
+/// Receive buffer of each handshake socket (see `Sockets::bind`). The kernel charges a
+/// small datagram about 1 KiB and doubles the size asked for, so this holds about two
+/// thousand messages: milliseconds of a flood for a release build.
+pub const HANDSHAKE_SOCKET_BUFFER: usize = 1 << 20;
 /// How long under-load mode lasts after the queue drops below the threshold.
 pub const UNDER_LOAD_AFTER: Duration = Duration::from_secs(1);
 /// Sources the handshake rate limiter tracks at most.
@@ -62,6 +66,13 @@ impl PeerTable {
 pub struct Sockets {
     pub v4: Option<Arc<UdpSocket>>,
     pub v6: Option<Arc<UdpSocket>>,
+    /// Handshake sockets, on the same port as `v4` and `v6`: the kernel steers every
+    /// datagram but transport data to them (`UdpSocket::bind_steered`), so a handshake
+    /// flood fills and overflows their buffers and never the data sockets'. None where
+    /// the kernel refused; the data socket then receives everything. Replies leave by
+    /// the data sockets, whose source port is the same.
+    pub hs4: Option<Arc<UdpSocket>>,
+    pub hs6: Option<Arc<UdpSocket>>,
     pub port: u16,
     pub fwmark: u32,
 }
@@ -75,18 +86,40 @@ impl Sockets {
         }
     }
 
+    /// The socket one UDP reader serves.
+    pub fn for_reader(&self, v6: bool, handshake: bool) -> Option<&Arc<UdpSocket>> {
+        match (v6, handshake) {
+            (false, false) => self.v4.as_ref(),
+            (true, false) => self.v6.as_ref(),
+            (false, true) => self.hs4.as_ref(),
+            (true, true) => self.hs6.as_ref(),
+        }
+    }
+
     /// Binds both families on `port` (0: any). IPv6 may be unavailable; IPv4 may not.
     pub fn bind(port: u16, fwmark: u32) -> std::io::Result<Sockets> {
-        let v4 = UdpSocket::bind(false, port)?;
+        let transport = wirelane_proto::messages::TYPE_TRANSPORT;
+        let (v4, hs4) = UdpSocket::bind_steered(false, port, transport)?;
         let port = v4.local_port()?;
-        let v6 = match UdpSocket::bind(true, port) {
-            Ok(s) => Some(Arc::new(s)),
-            Err(e) if e.raw_os_error() == Some(libc::EAFNOSUPPORT) => None,
+        let (v6, hs6) = match UdpSocket::bind_steered(true, port, transport) {
+            Ok((s, hs)) => (Some(s), hs.ok()),
+            Err(e) if e.raw_os_error() == Some(libc::EAFNOSUPPORT) => (None, None),
             Err(e) => return Err(e),
         };
+        // A handshake socket's backlog is all flood when it fills: kept shallow, it
+        // holds a legitimate initiation behind milliseconds of it, not a second, and
+        // drains soon after a flood ends.
+        for hs in [hs4.as_ref().ok(), hs6.as_ref()].into_iter().flatten() {
+            hs.set_receive_buffer(HANDSHAKE_SOCKET_BUFFER)?;
+        }
+        if let Err(e) = &hs4 {
+            tracing::info!(error = %e, "no separate handshake socket: floods share the data socket");
+        }
         let s = Sockets {
             v4: Some(Arc::new(v4)),
-            v6,
+            v6: v6.map(Arc::new),
+            hs4: hs4.ok().map(Arc::new),
+            hs6: hs6.map(Arc::new),
             port,
             fwmark,
         };
@@ -94,8 +127,21 @@ impl Sockets {
         Ok(s)
     }
 
+    /// Datagrams the kernel dropped on the data sockets, or on the handshake sockets,
+    /// since they were bound.
+    pub fn kernel_drops(&self, handshake: bool) -> u64 {
+        [false, true]
+            .into_iter()
+            .filter_map(|v6| self.for_reader(v6, handshake))
+            .map(|s| u64::from(s.drops().unwrap_or(0)))
+            .sum()
+    }
+
     pub fn apply_fwmark(&self, mark: u32) -> std::io::Result<()> {
-        for s in [&self.v4, &self.v6].into_iter().flatten() {
+        for s in [&self.v4, &self.v6, &self.hs4, &self.hs6]
+            .into_iter()
+            .flatten()
+        {
             s.set_mark(mark)?;
         }
         Ok(())
@@ -116,14 +162,16 @@ pub struct Device {
     pub(crate) work_rx: Receiver<Work>,
     handshake_tx: Sender<HandshakeJob>,
     pub(crate) handshake_rx: Receiver<HandshakeJob>,
-    /// Handshake messages that carry a mac2 (and cookie replies), served first: under a
-    /// spoofed flood they are the ones that can be legitimate, and checking a bad mac2
-    /// costs two BLAKE2s where a cookie reply to a mac1-only message costs a seal and a
-    /// send. Without this lane a legitimate peer's cookie-bearing retry would wait
-    /// behind (or be dropped with) the flood.
+    /// Admitted handshake messages that carry a mac2, and cookie replies, served
+    /// first. Under load only these are admitted (within the per-source limit), but the
+    /// plain lane may still hold up to a queue's worth admitted on mac1 alone just
+    /// before the mode began: a legitimate peer's cookie-bearing retry must not wait
+    /// behind those Diffie-Hellman steps.
     cookie_lane_tx: Sender<HandshakeJob>,
     pub(crate) cookie_lane_rx: Receiver<HandshakeJob>,
     last_under_load_ns: AtomicU64,
+    /// The gate's cookie replies per [`UNDER_LOAD_AFTER`], which keep a flood under load.
+    pub(crate) cookie_reply_rate: crate::stages::gate::ReplyRate,
     timers: Mutex<BinaryHeap<Reverse<(u64, u32)>>>,
     mtu: AtomicU32,
     pub stats: Stats,
@@ -192,6 +240,7 @@ impl Device {
             cookie_lane_tx,
             cookie_lane_rx,
             last_under_load_ns: AtomicU64::new(0),
+            cookie_reply_rate: Default::default(),
             timers: Mutex::new(BinaryHeap::new()),
             mtu: AtomicU32::new(mtu),
             stats: Stats::default(),
@@ -286,15 +335,11 @@ impl Device {
         }
     }
 
-    /// Queues a copy of a handshake message; drops it when its lane is full.
-    ///
-    /// Fullness is checked before the copy: under a flood most messages find the lane
-    /// full, and the receive thread, which shares its core with the handshake thread,
-    /// should not spend an allocation and a contended send on each of them.
-    pub(crate) fn submit_handshake(&self, kind: Kind, bytes: &[u8], src: SocketAddr) {
+    /// Queues a copy of a handshake message the gate admitted, or a cookie reply
+    /// received; drops it when its lane is full.
+    pub(crate) fn queue_handshake(&self, kind: Kind, bytes: &[u8], src: SocketAddr) {
         if self.handshake_queue_len() >= UNDER_LOAD_THRESHOLD {
-            self.last_under_load_ns
-                .store(self.now().as_nanos() as u64, Ordering::Relaxed);
+            self.renew_under_load();
         }
         let mac2_len = wirelane_proto::crypto::MAC_LEN;
         let carries_cookie = match kind {
@@ -321,6 +366,12 @@ impl Device {
         }
     }
 
+    /// Keeps under-load mode on for another [`UNDER_LOAD_AFTER`].
+    pub(crate) fn renew_under_load(&self) {
+        self.last_under_load_ns
+            .store(self.now().as_nanos() as u64, Ordering::Relaxed);
+    }
+
     /// Handshake messages waiting for the handshake stage.
     pub fn handshake_queue_len(&self) -> usize {
         self.handshake_tx.len() + self.cookie_lane_tx.len()
@@ -342,6 +393,11 @@ impl Device {
 
     // --- protocol steps ---
 
+    /// Runs `f` with this thread's protocol-step generator (see `STEP_RNG`).
+    pub(crate) fn with_step_rng<R>(f: impl FnOnce(&mut KeystreamRng) -> R) -> R {
+        STEP_RNG.with_borrow_mut(f)
+    }
+
     /// Runs one protocol step on `peer` with a fully built context, then re-arms its
     /// timer and carries out whatever the step asked for.
     pub fn with_peer<R>(
@@ -357,7 +413,7 @@ impl Device {
                 map: &self.indices,
                 peer,
             };
-            let r = STEP_RNG.with_borrow_mut(|rng| {
+            let r = Self::with_step_rng(|rng| {
                 let mut ctx = Ctx {
                     now: self.now(),
                     wall: self.wall(),

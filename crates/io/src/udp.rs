@@ -1,10 +1,12 @@
 //! UDP sockets for the outer path, with batched receive (`recvmmsg`) and send
-//! (`sendmmsg`). One socket per address family; the IPv6 one is V6ONLY so both can
-//! share a port.
+//! (`sendmmsg`). Per address family, a data socket and, where the kernel allows, a
+//! handshake socket on the same port with the kernel steering datagrams between them
+//! by their first byte (`bind_steered`); the IPv6 sockets are V6ONLY so both families
+//! can share a port.
 
 use crate::{cvt, cvt_size};
 use std::io;
-use std::mem::{size_of, zeroed};
+use std::mem::{size_of, size_of_val, zeroed};
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
@@ -22,6 +24,9 @@ pub struct UdpSocket {
 
 /// `UDP_GRO` from linux/udp.h (not exported by libc for glibc targets).
 const UDP_GRO: libc::c_int = 104;
+/// `SO_MEMINFO` from asm-generic/socket.h, and the length of its answer.
+const SO_MEMINFO: libc::c_int = 55;
+const SK_MEMINFO_VARS: usize = 9;
 
 /// Most segments one GSO send may carry (the kernel's UDP_MAX_SEGMENTS on older kernels).
 pub const GSO_MAX_SEGMENTS: usize = 64;
@@ -114,9 +119,74 @@ fn setsockopt_int(
     .map(|_| ())
 }
 
+/// Installs, on a SO_REUSEPORT group of two sockets, a classic BPF program that picks
+/// the first socket (index 0) for datagrams whose first byte is `first_byte`, and the
+/// second for all others. The kernel runs it with the UDP payload at offset 0; a load
+/// past the end (an empty datagram) ends the program with 0, the first socket.
+fn attach_steering(fd: RawFd, first_byte: u8) -> io::Result<()> {
+    let insn = |code: u32, jt: u8, jf: u8, k: u32| libc::sock_filter {
+        code: code as u16,
+        jt,
+        jf,
+        k,
+    };
+    let program = [
+        insn(libc::BPF_LD | libc::BPF_B | libc::BPF_ABS, 0, 0, 0),
+        insn(
+            libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K,
+            0,
+            1,
+            first_byte.into(),
+        ),
+        insn(libc::BPF_RET | libc::BPF_K, 0, 0, 0),
+        insn(libc::BPF_RET | libc::BPF_K, 0, 0, 1),
+    ];
+    let fprog = libc::sock_fprog {
+        len: program.len() as u16,
+        filter: program.as_ptr() as *mut libc::sock_filter,
+    };
+    // SAFETY: fprog points at `program`, which outlives the call; the kernel copies it.
+    cvt(unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_ATTACH_REUSEPORT_CBPF,
+            &fprog as *const _ as *const libc::c_void,
+            size_of::<libc::sock_fprog>() as _,
+        )
+    })
+    .map(|_| ())
+}
+
 impl UdpSocket {
     /// Binds a non-blocking UDP socket on the wildcard address of one family.
     pub fn bind(v6: bool, port: u16) -> io::Result<UdpSocket> {
+        Self::open(v6, port, false)
+    }
+
+    /// Binds a data socket and a handshake socket of one family on `port` (0: any).
+    /// The kernel hands the data socket every datagram whose first byte is
+    /// `data_first_byte` and the handshake socket all others, so a flood of the others
+    /// fills and overflows only the handshake socket's buffer. The handshake socket is
+    /// an error where the kernel refused it; the data socket then receives everything.
+    ///
+    /// Both sit in one SO_REUSEPORT group, which another socket could join only with
+    /// SO_REUSEPORT set and the same user id. The port is first claimed by a plain bind,
+    /// closed again just before the pair binds, so a port another socket already holds
+    /// fails here as it would without the group, rather than being shared.
+    pub fn bind_steered(
+        v6: bool,
+        port: u16,
+        data_first_byte: u8,
+    ) -> io::Result<(UdpSocket, io::Result<UdpSocket>)> {
+        let port = Self::open(v6, port, false)?.local_port()?;
+        let data = Self::open(v6, port, true)?;
+        let handshake = Self::open(v6, port, true)
+            .and_then(|s| attach_steering(data.fd(), data_first_byte).map(|()| s));
+        Ok((data, handshake))
+    }
+
+    fn open(v6: bool, port: u16, reuse_port: bool) -> io::Result<UdpSocket> {
         let family = if v6 { libc::AF_INET6 } else { libc::AF_INET };
         // SAFETY: plain socket creation; result checked.
         let fd = cvt(unsafe {
@@ -146,6 +216,9 @@ impl UdpSocket {
         } else {
             SocketAddr::from((Ipv4Addr::UNSPECIFIED, port))
         };
+        if reuse_port {
+            setsockopt_int(raw, libc::SOL_SOCKET, libc::SO_REUSEPORT, 1)?;
+        }
         let (ss, len) = to_sockaddr(&addr);
         // SAFETY: ss holds a valid sockaddr of length len.
         cvt(unsafe { libc::bind(raw, &ss as *const _ as *const libc::sockaddr, len) })?;
@@ -184,6 +257,14 @@ impl UdpSocket {
             .ok_or_else(|| io::Error::other("unexpected socket family"))
     }
 
+    /// Sets the receive buffer's size (the kernel doubles it for its bookkeeping), with
+    /// SO_RCVBUFFORCE where allowed.
+    pub fn set_receive_buffer(&self, bytes: usize) -> io::Result<()> {
+        let bytes = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX);
+        setsockopt_int(self.fd(), libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, bytes)
+            .or_else(|_| setsockopt_int(self.fd(), libc::SOL_SOCKET, libc::SO_RCVBUF, bytes))
+    }
+
     /// Sets SO_MARK (the fwmark) on outgoing packets; 0 clears it.
     pub fn set_mark(&self, mark: u32) -> io::Result<()> {
         setsockopt_int(
@@ -192,6 +273,24 @@ impl UdpSocket {
             libc::SO_MARK,
             mark as libc::c_int,
         )
+    }
+
+    /// Datagrams the kernel dropped on this socket since it was bound, almost all for a
+    /// full receive buffer.
+    pub fn drops(&self) -> io::Result<u32> {
+        let mut info = [0u32; SK_MEMINFO_VARS];
+        let mut len = size_of_val(&info) as libc::socklen_t;
+        // SAFETY: info is live, writable storage of len bytes.
+        cvt(unsafe {
+            libc::getsockopt(
+                self.fd(),
+                libc::SOL_SOCKET,
+                SO_MEMINFO,
+                info.as_mut_ptr().cast(),
+                &mut len,
+            )
+        })?;
+        Ok(info[libc::SK_MEMINFO_DROPS as usize])
     }
 
     /// Whether received buffers may hold several coalesced datagrams.
@@ -561,5 +660,55 @@ mod tests {
             assert_eq!(d.len(), if i == 4 { 300 } else { 1000 });
             assert!(d.iter().all(|x| *x == i as u8));
         }
+    }
+
+    /// Receives until `want` datagrams came or 2 s passed.
+    fn receive(sock: &UdpSocket, want: usize) -> Vec<Vec<u8>> {
+        let mut batch = RecvBatch::new(8, 2048);
+        let mut got = Vec::new();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        while got.len() < want && std::time::Instant::now() < deadline {
+            match sock.recv_batch(&mut batch) {
+                Ok(n) => got.extend((0..n).map(|i| batch.datagram(i).unwrap().0.to_vec())),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::thread::yield_now(),
+                Err(e) => panic!("{e}"),
+            }
+        }
+        got
+    }
+
+    #[test]
+    fn steered_pair_splits_by_first_byte_and_keeps_its_port() {
+        let (data, handshake) = UdpSocket::bind_steered(false, 0, 4).unwrap();
+        let handshake = handshake.expect("this kernel steers SO_REUSEPORT groups");
+        let port = data.local_port().unwrap();
+        assert_eq!(handshake.local_port().unwrap(), port);
+        // The port is taken for anyone else, steered or not.
+        let in_use = |r: io::Result<()>| r.unwrap_err().raw_os_error() == Some(libc::EADDRINUSE);
+        assert!(in_use(UdpSocket::bind(false, port).map(drop)));
+        assert!(in_use(UdpSocket::bind_steered(false, port, 4).map(drop)));
+
+        let client = UdpSocket::bind(false, 0).unwrap();
+        let dst = SocketAddr::from(([127, 0, 0, 1], port));
+        let msgs: Vec<Vec<u8>> = vec![
+            vec![4, 0, 0, 0, 1],
+            vec![1, 0, 0, 0, 2],
+            vec![4, 0, 0, 0, 3],
+            vec![2, 0, 0, 0, 4],
+            vec![],
+            vec![9],
+        ];
+        let batch: Vec<(&[u8], SocketAddr)> = msgs.iter().map(|m| (&m[..], dst)).collect();
+        assert_eq!(client.send_batch(&batch).unwrap(), msgs.len());
+        // Type 4 and the empty datagram to the data socket, in order; the rest aside.
+        assert_eq!(
+            receive(&data, 3),
+            vec![msgs[0].clone(), msgs[2].clone(), vec![]]
+        );
+        assert_eq!(
+            receive(&handshake, 3),
+            vec![msgs[1].clone(), msgs[3].clone(), msgs[5].clone()]
+        );
+        assert_eq!((data.drops().unwrap(), handshake.drops().unwrap()), (0, 0));
     }
 }

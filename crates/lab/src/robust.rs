@@ -160,6 +160,10 @@ pub struct FloodOutcome {
     /// same runs: together with `cookie_replies_sent`, the share of the flood answered.
     pub cookie_replies_unsent: u64,
     pub spoofed_sent_at_wirelane: u64,
+    /// Datagrams the kernel dropped at B's data sockets and at its handshake sockets
+    /// over the TCP runs (the flood's overflow lands on the latter).
+    pub data_socket_drops: u64,
+    pub handshake_socket_drops: u64,
     pub rate_limited: u64,
     /// Handshake messages from the one cookie-answering source that got past the rate
     /// limit while under load, and the seconds they were counted over.
@@ -301,6 +305,8 @@ pub fn flood_scenario(secs: f64, repeats: usize, rate: Option<u64>) -> Result<Fl
     let st = t.stats()?;
     o.cookie_replies_sent = counter(&st, "cookie_replies_sent");
     o.cookie_replies_unsent = counter(&st, "cookie_replies_unsent");
+    o.data_socket_drops = counter(&st, "data_socket_drops");
+    o.handshake_socket_drops = counter(&st, "handshake_socket_drops");
 
     // One source that answers cookies, beside the spoofed flood: while under load only
     // it can pass the gate, and each of its initiations then fails after one DH, so
@@ -399,6 +405,10 @@ pub fn print_flood(o: &FloodOutcome) {
             ),
         ),
         (
+            "kernel drops at the data / handshake sockets",
+            format!("{} / {}", o.data_socket_drops, o.handshake_socket_drops),
+        ),
+        (
             "cookie-answering source got its cookie",
             o.cookie_source_got_cookie.to_string(),
         ),
@@ -453,6 +463,8 @@ pub struct ReplayOutcome {
     pub cookie_replies: u64,
     /// Cookie replies made but dropped unsent (no room in B's socket buffer).
     pub cookie_replies_unsent: u64,
+    /// Replayed initiations the kernel dropped at B's full handshake socket.
+    pub handshake_socket_drops: u64,
     pub latest_handshake_before: String,
     pub latest_handshake_after: String,
 }
@@ -499,6 +511,7 @@ pub fn replay_scenario(times: usize) -> Result<ReplayOutcome> {
                 "handshake_queue_full",
                 "cookie_replies_sent",
                 "cookie_replies_unsent",
+                "handshake_socket_drops",
             ]
             .map(|k| counter(s, k))
         };
@@ -513,6 +526,7 @@ pub fn replay_scenario(times: usize) -> Result<ReplayOutcome> {
     o.handshake_queue_full = delta(&before, &after, "handshake_queue_full");
     o.cookie_replies = delta(&before, &after, "cookie_replies_sent");
     o.cookie_replies_unsent = delta(&before, &after, "cookie_replies_unsent");
+    o.handshake_socket_drops = delta(&before, &after, "handshake_socket_drops");
     o.latest_handshake_after = latest()?.trim().to_string();
     Ok(o)
 }
@@ -529,8 +543,12 @@ pub fn print_replay(o: &ReplayOutcome) {
         o.initiation_injected, o.times
     );
     println!(
-        "| refused after DH (TAI64N replay) / cookie reply instead (under load; unsent) / dropped at a full queue | {} / {} ({}) / {} |",
-        o.handshake_rejected, o.cookie_replies, o.cookie_replies_unsent, o.handshake_queue_full
+        "| refused after DH (TAI64N replay) / cookie reply instead (under load; unsent) / dropped at a full queue / dropped by the kernel at the full handshake socket | {} / {} ({}) / {} / {} |",
+        o.handshake_rejected,
+        o.cookie_replies,
+        o.cookie_replies_unsent,
+        o.handshake_queue_full,
+        o.handshake_socket_drops
     );
     println!(
         "| latest handshake before / after | {} / {} |",

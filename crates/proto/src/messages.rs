@@ -68,6 +68,15 @@ pub fn classify(buf: &[u8]) -> Result<Kind, ParseError> {
     }
 }
 
+/// The sender index of an initiation or a response, which both carry it at bytes 4..8,
+/// without parsing the rest. `None` for any other buffer.
+pub fn handshake_sender(buf: &[u8]) -> Option<u32> {
+    match classify(buf) {
+        Ok(Kind::Initiation | Kind::Response) => Some(le32(&buf[4..])),
+        _ => None,
+    }
+}
+
 fn le32(b: &[u8]) -> u32 {
     u32::from_le_bytes(b[..4].try_into().expect("4 bytes"))
 }
@@ -260,12 +269,16 @@ mod tests {
             mac2: [9; 16],
         };
         assert_eq!(Response::parse(&r.to_bytes()).unwrap(), r);
+        assert_eq!(handshake_sender(&i.to_bytes()), Some(0xdeadbeef));
+        assert_eq!(handshake_sender(&r.to_bytes()), Some(1));
         let c = CookieReply {
             receiver: 3,
             nonce: [1; 24],
             encrypted_cookie: [2; 32],
         };
         assert_eq!(CookieReply::parse(&c.to_bytes()).unwrap(), c);
+        assert_eq!(handshake_sender(&c.to_bytes()), None);
+        assert_eq!(handshake_sender(&[1, 0, 0]), None);
     }
 
     #[test]

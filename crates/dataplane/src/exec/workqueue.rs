@@ -2,7 +2,8 @@
 //! (encrypt, decrypt, per-peer flush, per-peer delivery) from one shared FIFO, all at
 //! the same priority. A peer's serial stage is just another item, run by whichever
 //! worker is free. Beside the workers: one reader per I/O source (TUN, each UDP
-//! socket), one handshake thread with its own bounded queue, and one timer thread.
+//! socket: data and handshake, per family), one handshake thread with its own bounded
+//! queue, and one timer thread.
 //! A reader that finds the FIFO empty runs a small item itself (see `run_here`).
 
 use super::Work;
@@ -51,10 +52,14 @@ pub fn start(dev: Arc<Device>, workers: usize) -> std::io::Result<Running> {
     }
     let d = dev.clone();
     threads.push(spawn("wl-tun-read".into(), move || tun_reader(&d))?);
-    for v6 in [false, true] {
+    for (v6, handshake) in [(false, false), (true, false), (false, true), (true, true)] {
         let d = dev.clone();
-        let name = if v6 { "wl-udp6-read" } else { "wl-udp4-read" };
-        threads.push(spawn(name.into(), move || udp_reader(&d, v6))?);
+        let name = format!(
+            "wl-udp{}-{}",
+            if v6 { 6 } else { 4 },
+            if handshake { "hs" } else { "read" }
+        );
+        threads.push(spawn(name, move || udp_reader(&d, v6, handshake))?);
     }
     let d = dev.clone();
     threads.push(spawn("wl-handshake".into(), move || handshake_worker(&d))?);
@@ -147,20 +152,20 @@ fn tun_reader(dev: &Device) {
     }
 }
 
-fn udp_reader(dev: &Device, v6: bool) {
+/// Serves one family's data socket, or its handshake socket (at the handshake thread's
+/// lower priority: under a flood its socket overflows in the kernel, and data waits
+/// for nothing). Both run the whole receive path; which datagrams each sees is the
+/// kernel's steering, and without it the data socket sees everything.
+fn udp_reader(dev: &Device, v6: bool, handshake: bool) {
     IO_READER.set(true);
+    if handshake {
+        lower_priority("UDP handshake reader");
+    }
     while !dev.stopping() {
         let generation = dev.sockets_generation.load(Ordering::SeqCst);
-        let sock = {
-            let s = dev.sockets();
-            if v6 {
-                s.v6.clone()
-            } else {
-                s.v4.clone()
-            }
-        };
+        let sock = dev.sockets().for_reader(v6, handshake).cloned();
         let Some(sock) = sock else {
-            // No socket of this family (yet): wait for a rebind or stop.
+            // No socket of this kind (yet): wait for a rebind or stop.
             let _ = wait_readable(dev.waker.fd(), &dev.waker, IDLE_CHECK.as_millis() as i32);
             continue;
         };
@@ -184,13 +189,16 @@ fn udp_reader(dev: &Device, v6: bool) {
     }
 }
 
-/// Nice value of the handshake thread. Under a flood it would otherwise take an equal
-/// share of a core from the data path (cookie replies are a seal and a send each);
-/// niced, it yields to transport data, its queue fills and the excess is dropped at
-/// enqueue, which costs nothing but the receive itself.
+/// Nice value of the handshake thread and the handshake sockets' readers. The thread's
+/// every message costs Diffie-Hellman work (the gate answered the rest), and a flood
+/// can fill its queue with such work before under-load mode begins; the readers carry
+/// whatever a flood sends. At equal priority either would take a full share of a core
+/// from the data path; niced, they yield to transport data, and what they cannot take
+/// overflows their socket in the kernel.
 const HANDSHAKE_NICE: libc::c_int = 10;
 
-fn handshake_worker(dev: &Device) {
+/// Lowers this thread's priority to [`HANDSHAKE_NICE`].
+fn lower_priority(what: &str) {
     // SAFETY: setpriority on this thread's own id (a thread is a process id for it).
     let r = unsafe {
         libc::setpriority(
@@ -200,9 +208,12 @@ fn handshake_worker(dev: &Device) {
         )
     };
     if r != 0 {
-        tracing::debug!("could not lower the handshake thread's priority");
+        tracing::debug!("could not lower the priority of the {what}");
     }
-    let mut scratch = stages::handshake::HandshakeScratch::new();
+}
+
+fn handshake_worker(dev: &Device) {
+    lower_priority("handshake thread");
     loop {
         // The cookie lane first, always (see Device::cookie_lane_tx).
         let job = dev
@@ -210,17 +221,9 @@ fn handshake_worker(dev: &Device) {
             .try_recv()
             .or_else(|_| dev.handshake_rx.try_recv());
         match job {
-            Ok(job) => {
-                stages::handshake::process(dev, job, &mut scratch);
-                scratch.flush_if_due(dev);
-            }
-            Err(_) if dev.stopping() => {
-                scratch.flush(dev);
-                return;
-            }
+            Ok(job) => stages::handshake::process(dev, job),
+            Err(_) if dev.stopping() => return,
             Err(_) => {
-                // Nothing queued: what is batched goes out before we sleep.
-                scratch.flush(dev);
                 // Both empty: sleep until either has something. The device holds both
                 // senders, so neither channel can disconnect while we run.
                 let mut sel = crossbeam_channel::Select::new();

@@ -1,5 +1,6 @@
 //! Stage RX-2, classify. Input: received datagrams in arrival order. Output: handshake
-//! messages onto the bounded handshake queue; transport messages grouped into batches
+//! messages to the gate (`stages::gate`), whose cookie replies leave together once the
+//! batch is classified; transport messages grouped into batches
 //! by receiver index (O(1) hash lookup) and entered into their peer's ordered RX queue
 //! and the crypt queue, in arrival order. Everything else is dropped and counted.
 
@@ -30,11 +31,9 @@ pub fn classify(dev: &Device, packets: Vec<Packet>) {
                     }
                 }
             }
-            Ok(kind) => {
-                // Handshake messages are small: copied out (when there is room), so
-                // the packet's buffer goes back to the pool.
-                dev.submit_handshake(kind, dgram, src);
-            }
+            // The gate copies what it admits, so the packet's buffer goes back to the
+            // pool either way.
+            Ok(kind) => super::gate::admit(dev, kind, dgram, src),
             Err(_) => {
                 dev.stats.rx_malformed.fetch_add(1, Ordering::Relaxed);
             }
@@ -43,6 +42,7 @@ pub fn classify(dev: &Device, packets: Vec<Packet>) {
     if let Some((idx, v)) = run {
         dispatch(dev, idx, v, now);
     }
+    super::gate::flush_replies(dev);
 }
 
 fn dispatch(dev: &Device, index: u32, packets: Vec<Packet>, now: std::time::Duration) {

@@ -2,7 +2,8 @@
 //!
 //! TX: tun_read → route → nonce → encrypt (parallel) → tx_flush (per-peer ordered)
 //! RX: udp_recv → classify → decrypt (parallel) → rx_deliver (per-peer ordered)
-//! and beside them: handshake (its own bounded queue) and timers.
+//! and beside them: gate (handshake messages, on the UDP reader) → handshake (its own
+//! bounded queue and thread), and timers.
 //!
 //! Each stage is a plain function over the shared [`crate::device::Device`], so any
 //! execution model, or a test, can drive it.
@@ -10,6 +11,7 @@
 pub mod classify;
 pub mod decrypt;
 pub mod encrypt;
+pub mod gate;
 pub mod handshake;
 pub mod nonce;
 pub mod route;

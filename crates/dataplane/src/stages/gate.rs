@@ -1,0 +1,168 @@
+//! Stage RX-2h, handshake gate. Runs on the UDP reader, called by classify for each
+//! initiation and response. Input: the message and its source. Output, one of:
+//! - admitted: copied onto the handshake queue for its Diffie-Hellman step;
+//! - under load and without a valid mac2: a cookie reply, held and sent with the rest
+//!   of this receive batch's replies in one `sendmmsg` ([`flush_replies`]);
+//! - dropped and counted: invalid mac1 (junk), or over the per-source rate limit.
+//!
+//! Why on the reader and not on the handshake thread: a cookie reply is cheap (two
+//! BLAKE2s, a 16-byte XChaCha20-Poly1305 seal, a share of one `sendmmsg`), but queueing
+//! its message first is not: a copy, a channel send and the wake-up of another thread,
+//! which under a flood was most of the cost. With the queue full most of a flood was
+//! dropped unanswered, and a new peer's first initiation with it. Here every message the
+//! reader receives is answered, and the handshake thread keeps only the DH steps.
+//!
+//! Under load: begins when the handshake queue, which now holds admitted messages only,
+//! reaches its threshold (DH work arriving faster than it is done). The gate then keeps
+//! the flood off the queue, so the flood's own rate of cookie replies keeps the mode on
+//! ([`ReplyRate`]).
+
+use crate::device::{Device, UNDER_LOAD_AFTER, UNDER_LOAD_THRESHOLD};
+use std::cell::RefCell;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use wirelane_proto::cookie::{GateDrop, GateVerdict};
+use wirelane_proto::messages::{handshake_sender, Kind, COOKIE_REPLY_LEN};
+
+/// Most cookie replies held before they are sent, so a huge receive batch (GRO) does
+/// not hold the first reply back for long.
+pub const COOKIE_REPLY_BATCH: usize = 64;
+
+type Reply = ([u8; COOKIE_REPLY_LEN], SocketAddr);
+
+thread_local! {
+    /// This reader's cookie replies not sent yet. Empty between receive batches.
+    static REPLIES: RefCell<Vec<Reply>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Cookie replies counted per window of [`UNDER_LOAD_AFTER`]. While the gate answers
+/// at least [`UNDER_LOAD_THRESHOLD`] in a window, each further reply renews under-load
+/// mode; so the mode lasts as long as a flood, and ends about [`UNDER_LOAD_AFTER`]
+/// after it. A trickle of legitimate mac1-only initiations stays below the rate, and
+/// does not keep the mode on by itself.
+///
+/// Race: two UDP readers may both restart the window, or count into one just ended;
+/// either way the rate is misjudged by a reply or two, never by a window.
+#[derive(Default)]
+pub struct ReplyRate {
+    window_start_ns: AtomicU64,
+    count: AtomicU64,
+}
+
+impl ReplyRate {
+    /// Counts one reply made at `now_ns` (monotonic); true when the current window has
+    /// reached the threshold.
+    pub fn note(&self, now_ns: u64) -> bool {
+        let start = self.window_start_ns.load(Ordering::Relaxed);
+        if now_ns.saturating_sub(start) >= UNDER_LOAD_AFTER.as_nanos() as u64 {
+            self.window_start_ns.store(now_ns, Ordering::Relaxed);
+            self.count.store(1, Ordering::Relaxed);
+            return false;
+        }
+        self.count.fetch_add(1, Ordering::Relaxed) + 1 >= UNDER_LOAD_THRESHOLD as u64
+    }
+}
+
+/// Screens one handshake message (see the module comment). Cookie replies received go
+/// straight to the queue: they need the peer's state, and carry nothing to screen.
+pub fn admit(dev: &Device, kind: Kind, bytes: &[u8], src: SocketAddr) {
+    let Some(sender) = handshake_sender(bytes) else {
+        if kind == Kind::CookieReply {
+            dev.queue_handshake(kind, bytes, src);
+        }
+        return;
+    };
+    let under_load = dev.under_load();
+    let verdict = {
+        let mut gate = dev.gate();
+        // No private key yet: nothing could answer the message.
+        let Some(gate) = gate.as_mut() else { return };
+        Device::with_step_rng(|rng| gate.admit(bytes, sender, &src, under_load, dev.now(), rng))
+    };
+    let counter = match verdict {
+        GateVerdict::Process => return dev.queue_handshake(kind, bytes, src),
+        GateVerdict::SendCookieReply(reply) => {
+            if dev.cookie_reply_rate.note(dev.now().as_nanos() as u64) {
+                dev.renew_under_load();
+            }
+            let full = REPLIES.with_borrow_mut(|r| {
+                r.push((reply.to_bytes(), src));
+                r.len() >= COOKIE_REPLY_BATCH
+            });
+            if full {
+                flush_replies(dev);
+            }
+            return;
+        }
+        GateVerdict::Drop(GateDrop::InvalidMac1) => &dev.stats.handshake_invalid_mac1,
+        GateVerdict::Drop(GateDrop::RateLimited) => &dev.stats.handshake_rate_limited,
+    };
+    counter.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Sends this reader's pending cookie replies, one batch per socket. Never waits for
+/// room: a reply that does not fit is dropped (the initiator retries), and the socket
+/// table lock is not held while sending, so a UAPI rebind never waits behind a flood.
+pub fn flush_replies(dev: &Device) {
+    if REPLIES.with_borrow(Vec::is_empty) {
+        return;
+    }
+    let mut replies = REPLIES.take();
+    // A copy of the socket handles, so the table lock is released before sending.
+    let sockets = dev.sockets().clone();
+    let mut sent = 0;
+    for sock in [&sockets.v4, &sockets.v6].into_iter().flatten() {
+        let batch: Vec<(&[u8], SocketAddr)> = replies
+            .iter()
+            .filter(|(_, dst)| {
+                sockets
+                    .for_destination(dst)
+                    .is_some_and(|s| Arc::ptr_eq(s, sock))
+            })
+            .map(|(b, dst)| (&b[..], *dst))
+            .collect();
+        if !batch.is_empty() {
+            sent += sock.try_send_batch(&batch).unwrap_or(0);
+        }
+    }
+    let stats = &dev.stats;
+    stats
+        .cookie_replies_sent
+        .fetch_add(sent as u64, Ordering::Relaxed);
+    stats
+        .cookie_replies_unsent
+        .fetch_add((replies.len() - sent) as u64, Ordering::Relaxed);
+    // Hand the allocation back for the next batch.
+    replies.clear();
+    REPLIES.set(replies);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const WINDOW: u64 = UNDER_LOAD_AFTER.as_nanos() as u64;
+
+    #[test]
+    fn a_flood_rate_of_replies_renews_under_load() {
+        let rate = ReplyRate::default();
+        let t0 = 10 * WINDOW;
+        let step = WINDOW / 10_000; // 10,000 replies per window
+        let renewed: Vec<bool> = (0..UNDER_LOAD_THRESHOLD as u64 + 1)
+            .map(|i| rate.note(t0 + i * step))
+            .collect();
+        // The window's first threshold - 1 replies do not renew; from then on each does.
+        assert!(renewed[..UNDER_LOAD_THRESHOLD - 1].iter().all(|r| !r));
+        assert!(renewed[UNDER_LOAD_THRESHOLD - 1..].iter().all(|r| *r));
+        // A new window counts from zero again.
+        assert!(!rate.note(t0 + WINDOW + UNDER_LOAD_THRESHOLD as u64 * step));
+    }
+
+    #[test]
+    fn a_trickle_of_replies_never_renews_under_load() {
+        let rate = ReplyRate::default();
+        // Ten replies a second for a minute: legitimate peers meeting under-load mode.
+        assert!((0..600u64).all(|i| !rate.note(WINDOW + i * WINDOW / 10)));
+    }
+}
