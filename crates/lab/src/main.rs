@@ -126,6 +126,12 @@ enum Scenario {
         #[arg(long)]
         rate: Option<u64>,
     },
+    /// The spoofed flood alone at full rate: the share answered, kernel drops at each
+    /// socket, and the responder's busy threads.
+    FloodAlone {
+        #[arg(long, default_value_t = 8.0, value_parser = seconds_in_range)]
+        seconds: f64,
+    },
     /// Replay a captured transport-data message and initiation TIMES times each.
     Replay {
         #[arg(long, default_value_t = 10_000)]
@@ -448,6 +454,10 @@ fn main() -> ExitCode {
                 rate,
             } => wirelane_lab::robust::flood_scenario(*seconds, *repeats, *rate)
                 .map(|o| wirelane_lab::robust::print_flood(&o)),
+            Scenario::FloodAlone { seconds } => {
+                wirelane_lab::robust::flood_alone_scenario(*seconds)
+                    .map(|o| wirelane_lab::robust::print_flood_alone(&o))
+            }
             Scenario::Replay { times } => wirelane_lab::robust::replay_scenario(*times)
                 .map(|o| wirelane_lab::robust::print_replay(&o)),
             Scenario::Faults { seconds, down } => wirelane_lab::faults::all(

@@ -451,6 +451,70 @@ pub fn print_flood(o: &FloodOutcome) {
     }
 }
 
+/// The spoofed flood alone at full rate, without TCP: how much of it B answers, where
+/// the rest is dropped, and which of B's threads did the work.
+#[derive(Debug, Default)]
+pub struct FloodAloneOutcome {
+    pub sent: u64,
+    pub seconds: f64,
+    pub cookie_replies: u64,
+    pub cookie_replies_unsent: u64,
+    pub data_socket_drops: u64,
+    pub handshake_socket_drops: u64,
+    /// B's threads by CPU seconds over the flood, busiest first.
+    pub threads: Vec<crate::cpu::ThreadCpu>,
+}
+
+pub fn flood_alone_scenario(secs: f64) -> Result<FloodAloneOutcome> {
+    let t = Target::up(None)?;
+    let pid = t.tun.daemons[1].pid.ok_or("daemon has no pid")?;
+    let before = t.stats()?;
+    let threads_before = crate::cpu::read_threads(pid);
+    let flood = join(t.flood(FloodKind::Spoofed, Duration::from_secs_f64(secs)))?;
+    let threads_after = crate::cpu::read_threads(pid);
+    // Counters only: what B still holds in its socket is answered or dropped after.
+    std::thread::sleep(Duration::from_millis(300));
+    let after = t.stats()?;
+    Ok(FloodAloneOutcome {
+        sent: flood.sent,
+        seconds: flood.seconds,
+        cookie_replies: delta(&before, &after, "cookie_replies_sent"),
+        cookie_replies_unsent: delta(&before, &after, "cookie_replies_unsent"),
+        data_socket_drops: delta(&before, &after, "data_socket_drops"),
+        handshake_socket_drops: delta(&before, &after, "handshake_socket_drops"),
+        threads: crate::cpu::thread_deltas("wirelane", &threads_before, &threads_after),
+    })
+}
+
+pub fn print_flood_alone(o: &FloodAloneOutcome) {
+    let per_s = |n: u64| n as f64 / o.seconds.max(1e-9);
+    println!("| figure | value |\n|---|---|");
+    println!(
+        "| spoofed initiations sent | {} in {:.1} s ({:.0}/s) |",
+        o.sent,
+        o.seconds,
+        per_s(o.sent)
+    );
+    println!(
+        "| cookie replies sent / unsent | {} ({:.0}/s, {:.1}% of the flood) / {} |",
+        o.cookie_replies,
+        per_s(o.cookie_replies),
+        100.0 * o.cookie_replies as f64 / o.sent.max(1) as f64,
+        o.cookie_replies_unsent
+    );
+    println!(
+        "| kernel drops at the data / handshake sockets | {} / {} |",
+        o.data_socket_drops, o.handshake_socket_drops
+    );
+    for t in o.threads.iter().filter(|t| t.cpu_s >= 0.01 * o.seconds) {
+        println!(
+            "| B's {} | {:.2} cores |",
+            t.thread,
+            t.cpu_s / o.seconds.max(1e-9)
+        );
+    }
+}
+
 #[derive(Debug, Default)]
 pub struct ReplayOutcome {
     pub times: usize,
