@@ -2,7 +2,8 @@
 //!
 //! Split: the first 10 bytes are the vnet header, the rest the packet; every segment
 //! must fit the header's promise. Coalesce: the input is cut into segments; whatever it
-//! emits must split back into segments carrying the same bytes of TCP payload in order.
+//! emits must split back into segments carrying the same bytes in order, with UDP
+//! coalescing on or off (the mode byte's second bit).
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -30,7 +31,7 @@ fuzz_target!(|data: &[u8]| {
         }
         let mut scratch = Vec::new();
         let mut out_bytes = 0usize;
-        coalesce(&segs, &mut scratch, |pieces| {
+        coalesce(&segs, &mut scratch, mode & 2 != 0, |pieces| {
             let pkt: Vec<u8> = pieces.iter().flat_map(|p| p.iter().copied()).collect();
             let hdr = VnetHdr::parse(&pkt).expect("coalesce emits a vnet header");
             let mut body = pkt[VNET_HDR_LEN..].to_vec();

@@ -13,7 +13,14 @@ pub struct Tun {
     name: String,
     /// Packets carry a `virtio_net_hdr` (see [`crate::offload`]) in both directions.
     vnet: bool,
+    /// The kernel took UDP segmentation offload (USO, Linux 6.2 and later): reads may
+    /// be UDP super-packets, and writes may be too.
+    uso: bool,
 }
+
+/// `TUN_F_USO4` and `TUN_F_USO6` from `linux/if_tun.h` (libc lacks them). The kernel
+/// takes them only together.
+const TUN_F_USO: libc::c_uint = 0x20 | 0x40;
 
 fn ifreq_with_name(name: &str) -> io::Result<libc::ifreq> {
     if name.is_empty()
@@ -47,25 +54,21 @@ fn if_ioctl(req: &mut libc::ifreq, op: libc::c_ulong) -> io::Result<()> {
 
 impl Tun {
     /// Creates (or attaches to) the TUN interface `name` and sets its MTU to
-    /// [`DEFAULT_MTU`]. With `offloads`, it asks for `IFF_VNET_HDR` with checksum and
-    /// TCP segmentation offload, so reads may return 64 KiB super-packets; when the
-    /// kernel refuses, it falls back to plain packets.
+    /// [`DEFAULT_MTU`]. With `offloads`, it asks for `IFF_VNET_HDR` with checksum, TCP
+    /// and, where the kernel has it, UDP segmentation offload, so reads may return
+    /// 64 KiB super-packets; when the kernel refuses, it falls back to plain packets.
     pub fn create(name: &str, offloads: bool) -> io::Result<Tun> {
         if offloads {
             match Self::open(name, true) {
-                Ok(t) => {
-                    let flags = libc::TUN_F_CSUM | libc::TUN_F_TSO4 | libc::TUN_F_TSO6;
-                    // SAFETY: TUNSETOFFLOAD takes the flags by value.
-                    let r = unsafe {
-                        libc::ioctl(
-                            t.fd.as_raw_fd(),
-                            libc::TUNSETOFFLOAD as _,
-                            flags as libc::c_ulong,
-                        )
-                    };
-                    if r == 0 {
-                        t.set_mtu(DEFAULT_MTU)?;
-                        return Ok(t);
+                Ok(mut t) => {
+                    let tso = libc::TUN_F_CSUM | libc::TUN_F_TSO4 | libc::TUN_F_TSO6;
+                    // Kernels before 6.2 refuse the USO flags: TSO alone then.
+                    for (flags, uso) in [(tso | TUN_F_USO, true), (tso, false)] {
+                        if t.set_offload(flags).is_ok() {
+                            t.uso = uso;
+                            t.set_mtu(DEFAULT_MTU)?;
+                            return Ok(t);
+                        }
                     }
                     // Offloads refused: the vnet header stays, always empty. Simpler to
                     // reopen without it.
@@ -78,6 +81,18 @@ impl Tun {
         let t = Self::open(name, false)?;
         t.set_mtu(DEFAULT_MTU)?;
         Ok(t)
+    }
+
+    fn set_offload(&self, flags: libc::c_uint) -> io::Result<()> {
+        // SAFETY: TUNSETOFFLOAD takes the flags by value.
+        cvt(unsafe {
+            libc::ioctl(
+                self.fd.as_raw_fd(),
+                libc::TUNSETOFFLOAD as _,
+                flags as libc::c_ulong,
+            )
+        })
+        .map(drop)
     }
 
     fn open(name: &str, vnet: bool) -> io::Result<Tun> {
@@ -106,12 +121,19 @@ impl Tun {
             fd,
             name: actual,
             vnet,
+            uso: false,
         })
     }
 
     /// Whether packets carry a vnet header (offloads are on).
     pub fn has_vnet_hdr(&self) -> bool {
         self.vnet
+    }
+
+    /// Whether the kernel took UDP segmentation offload: UDP super-packets may be
+    /// written (see [`crate::offload::coalesce`]).
+    pub fn has_uso(&self) -> bool {
+        self.uso
     }
 
     pub fn name(&self) -> &str {

@@ -158,6 +158,25 @@ fn attach_steering(fd: RawFd, first_byte: u8) -> io::Result<()> {
     .map(|_| ())
 }
 
+/// Datagrams the kernel dropped on socket `fd` since it was created (`SO_MEMINFO`),
+/// almost all for a full receive buffer. Any socket will do: the lab asks it of its
+/// own receivers.
+pub fn socket_drops(fd: RawFd) -> io::Result<u32> {
+    let mut info = [0u32; SK_MEMINFO_VARS];
+    let mut len = size_of_val(&info) as libc::socklen_t;
+    // SAFETY: info is live, writable storage of len bytes.
+    cvt(unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            SO_MEMINFO,
+            info.as_mut_ptr().cast(),
+            &mut len,
+        )
+    })?;
+    Ok(info[libc::SK_MEMINFO_DROPS as usize])
+}
+
 impl UdpSocket {
     /// Binds a non-blocking UDP socket on the wildcard address of one family.
     pub fn bind(v6: bool, port: u16) -> io::Result<UdpSocket> {
@@ -278,19 +297,7 @@ impl UdpSocket {
     /// Datagrams the kernel dropped on this socket since it was bound, almost all for a
     /// full receive buffer.
     pub fn drops(&self) -> io::Result<u32> {
-        let mut info = [0u32; SK_MEMINFO_VARS];
-        let mut len = size_of_val(&info) as libc::socklen_t;
-        // SAFETY: info is live, writable storage of len bytes.
-        cvt(unsafe {
-            libc::getsockopt(
-                self.fd(),
-                libc::SOL_SOCKET,
-                SO_MEMINFO,
-                info.as_mut_ptr().cast(),
-                &mut len,
-            )
-        })?;
-        Ok(info[libc::SK_MEMINFO_DROPS as usize])
+        socket_drops(self.fd())
     }
 
     /// Whether received buffers may hold several coalesced datagrams.

@@ -7,9 +7,10 @@
 //! nowhere else and disappear with the thread.
 
 use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
+use std::os::fd::AsRawFd;
 use std::process::Command;
 use std::time::{Duration, Instant};
-use wirelane_io::offload::VNET_HDR_LEN;
+use wirelane_io::offload::{coalesce, split, VnetHdr, VNET_HDR_LEN};
 use wirelane_io::tun::Tun;
 
 const ME: Ipv4Addr = Ipv4Addr::new(10, 9, 0, 1);
@@ -61,32 +62,34 @@ fn udp_packet(port: u16, payload: &[u8]) -> Vec<u8> {
     p
 }
 
-fn roundtrip(offloads: bool) {
+/// Moves this thread into a new network namespace and creates `wltest0` there, up,
+/// with ME/24; returns it and a UDP socket bound to ME.
+fn tun_in_own_namespace(offloads: bool) -> (Tun, UdpSocket) {
     // SAFETY: moves only this thread into a new network namespace.
     assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWNET) }, 0, "unshare");
     let tun = Tun::create("wltest0", offloads).expect("TUN created");
     assert_eq!(tun.mtu().unwrap(), 1420);
     ip_here("addr add 10.9.0.1/24 dev wltest0");
     ip_here("link set wltest0 up");
-    let hdr = if tun.has_vnet_hdr() { VNET_HDR_LEN } else { 0 };
-
-    // Kernel → TUN: a datagram routed to the interface is read back as sent.
     let sock = UdpSocket::bind(SocketAddrV4::new(ME, 0)).unwrap();
     sock.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
-    let payload = b"wirelane tun read";
-    sock.send_to(payload, SocketAddrV4::new(OTHER, 9999))
-        .unwrap();
+    (tun, sock)
+}
+
+/// The first IPv4/UDP packet read from the TUN, with its vnet header if it has one
+/// (what else the kernel sends a new interface, IPv6 solicitations, is skipped).
+fn read_udp_packet(tun: &Tun) -> Vec<u8> {
+    let hdr = if tun.has_vnet_hdr() { VNET_HDR_LEN } else { 0 };
     let mut buf = vec![0u8; 65536 + VNET_HDR_LEN];
     let deadline = Instant::now() + Duration::from_secs(2);
-    let pkt = loop {
+    loop {
         assert!(
             Instant::now() < deadline,
             "nothing routed to the TUN was read"
         );
         match tun.read(&mut buf) {
-            // Skip what else the kernel sends to a new interface (IPv6 solicitations).
             Ok(n) if n > hdr && buf[hdr] >> 4 == 4 && buf[hdr + 9] == 17 => {
-                break buf[hdr..n].to_vec()
+                return buf[..n].to_vec()
             }
             Ok(_) => {}
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
@@ -94,7 +97,18 @@ fn roundtrip(offloads: bool) {
             }
             Err(e) => panic!("TUN read: {e}"),
         }
-    };
+    }
+}
+
+fn roundtrip(offloads: bool) {
+    let (tun, sock) = tun_in_own_namespace(offloads);
+    let hdr = if tun.has_vnet_hdr() { VNET_HDR_LEN } else { 0 };
+
+    // Kernel → TUN: a datagram routed to the interface is read back as sent.
+    let payload = b"wirelane tun read";
+    sock.send_to(payload, SocketAddrV4::new(OTHER, 9999))
+        .unwrap();
+    let pkt = read_udp_packet(&tun)[hdr..].to_vec();
     assert_eq!(&pkt[16..20], &OTHER.octets());
     assert_eq!(&pkt[28..], payload);
 
@@ -121,4 +135,73 @@ fn roundtrip_with_vnet_header() {
 #[test]
 fn roundtrip_plain() {
     std::thread::spawn(|| roundtrip(false)).join().unwrap();
+}
+
+/// UDP segmentation offload both ways, where the kernel has it (6.2 and later): an
+/// application's `UDP_SEGMENT` send is read as one super-packet that splits into the
+/// datagrams it carried, and datagrams coalesced into one write reach the socket one by
+/// one, checksums and all.
+fn uso_both_ways() {
+    let (tun, sock) = tun_in_own_namespace(true);
+    if !tun.has_uso() {
+        eprintln!("this kernel has no TUN USO; nothing to test");
+        return;
+    }
+    let seg: libc::c_int = 1000;
+    // SAFETY: sets an int option on a socket we own; the pointer is valid for the call.
+    let r = unsafe {
+        libc::setsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_UDP,
+            libc::UDP_SEGMENT,
+            (&seg as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(r, 0, "UDP_SEGMENT");
+    let payload: Vec<u8> = (0..2500u32).map(|i| (i * 7 % 251) as u8).collect();
+    sock.send_to(&payload, SocketAddrV4::new(OTHER, 9999))
+        .unwrap();
+    let pkt = read_udp_packet(&tun);
+    let hdr = VnetHdr::parse(&pkt).unwrap();
+    assert_eq!(
+        (hdr.gso_type, hdr.gso_size),
+        (5, 1000),
+        "a UDP super-packet"
+    );
+    let mut datagrams = Vec::new();
+    split(&hdr, &mut pkt[VNET_HDR_LEN..].to_vec(), |h, d| {
+        datagrams.push([h, d].concat())
+    })
+    .unwrap();
+    let sizes: Vec<usize> = datagrams.iter().map(|d| d.len() - 28).collect();
+    assert_eq!(sizes, [1000, 1000, 500]);
+    let carried: Vec<u8> = datagrams.iter().flat_map(|d| d[28..].to_vec()).collect();
+    assert_eq!(carried, payload);
+
+    // The other way: the same datagrams, readdressed to our socket, in one write.
+    let port = sock.local_addr().unwrap().port();
+    let to_us: Vec<Vec<u8>> = datagrams
+        .iter()
+        .map(|d| udp_packet(port, &d[28..]))
+        .collect();
+    let refs: Vec<&[u8]> = to_us.iter().map(Vec::as_slice).collect();
+    let mut writes = 0;
+    coalesce(&refs, &mut Vec::new(), true, |pieces| {
+        writes += 1;
+        tun.write_pieces(pieces)
+            .expect("the kernel takes the UDP super-packet");
+    });
+    assert_eq!(writes, 1);
+    let mut got = vec![0u8; 4096];
+    for d in &datagrams {
+        let (n, from) = sock.recv_from(&mut got).expect("each datagram delivered");
+        assert_eq!(&got[..n], &d[28..]);
+        assert_eq!(from, SocketAddrV4::new(OTHER, 9999).into());
+    }
+}
+
+#[test]
+fn udp_segmentation_offload_both_ways() {
+    std::thread::spawn(uso_both_ways).join().unwrap();
 }

@@ -17,8 +17,9 @@ thread_local! {
     static COALESCE: RefCell<Vec<u8>> = RefCell::new(Vec::with_capacity(offload::VNET_HDR_LEN + 120));
 }
 
-/// Writes packets to the TUN; with offloads on, runs of one TCP flow become a single
-/// GSO super-packet, so the kernel's TCP sees one large packet instead of dozens.
+/// Writes packets to the TUN; with offloads on, runs of one TCP flow (and of one UDP
+/// flow, where the TUN took USO) become a single GSO super-packet, so the kernel's
+/// stack sees one large packet instead of dozens of writes.
 fn write_to_tun(dev: &Device, segs: &[&[u8]]) {
     if !dev.tun.has_vnet_hdr() {
         for s in segs {
@@ -31,13 +32,18 @@ fn write_to_tun(dev: &Device, segs: &[&[u8]]) {
         return;
     }
     COALESCE.with(|scratch| {
-        offload::coalesce(segs, &mut scratch.borrow_mut(), |pieces| {
-            if dev.tun.write_pieces(pieces).is_err() {
-                dev.stats
-                    .rx_tun_write_failed
-                    .fetch_add(1, Ordering::Relaxed);
-            }
-        })
+        offload::coalesce(
+            segs,
+            &mut scratch.borrow_mut(),
+            dev.tun.has_uso(),
+            |pieces| {
+                if dev.tun.write_pieces(pieces).is_err() {
+                    dev.stats
+                        .rx_tun_write_failed
+                        .fetch_add(1, Ordering::Relaxed);
+                }
+            },
+        )
     });
 }
 

@@ -1,0 +1,150 @@
+//! Splitting what the TUN hands us: TCP (TSO) and UDP (USO) super-packets become
+//! MTU-sized segments, each with its own IP and transport header and a full checksum.
+
+use super::*;
+
+/// Why a packet from the TUN could not be turned into segments.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SplitError {
+    Malformed,
+    Unsupported(u8),
+}
+
+/// Completes a partial checksum in place: the field at `start + offset` holds the
+/// pseudo-header sum; the checksum covers everything from `start` to the end.
+fn complete_checksum(pkt: &mut [u8], start: usize, offset: usize) -> Result<(), SplitError> {
+    let field = start + offset;
+    if field + 2 > pkt.len() {
+        return Err(SplitError::Malformed);
+    }
+    let mut c = finish(sum(&pkt[start..], 0));
+    // UDP transmits an all-zero result as 0xffff (zero means "no checksum").
+    if c == 0 && offset == UDP_CSUM_OFFSET {
+        c = 0xffff;
+    }
+    pkt[field..field + 2].copy_from_slice(&c.to_be_bytes());
+    Ok(())
+}
+
+/// Turns one packet read from the TUN (vnet header stripped into `hdr`) into one or
+/// more ready-to-send IP packets, handed to `emit` in order as a header and a payload
+/// (to be laid end to end). The payload is a slice of `pkt`, so the caller copies each
+/// byte once, straight into the buffer it will encrypt in.
+pub fn split(
+    hdr: &VnetHdr,
+    pkt: &mut [u8],
+    mut emit: impl FnMut(&[u8], &[u8]),
+) -> Result<(), SplitError> {
+    let gso = hdr.gso_type & !GSO_ECN;
+    let v4 = match gso {
+        GSO_NONE => {
+            if hdr.flags & F_NEEDS_CSUM != 0 {
+                complete_checksum(pkt, hdr.csum_start as usize, hdr.csum_offset as usize)?;
+            }
+            emit(pkt, &[]);
+            return Ok(());
+        }
+        GSO_TCPV4 => true,
+        GSO_TCPV6 => false,
+        // USO does not name the family; the packet's version does.
+        GSO_UDP_L4 => pkt.first().is_some_and(|b| b >> 4 == 4),
+        other => return Err(SplitError::Unsupported(other)),
+    };
+    let l4 = hdr.csum_start as usize;
+    if pkt.len() < l4 + 8
+        || (v4 && (l4 < 20 || pkt[0] >> 4 != 4))
+        || (!v4 && (l4 < 40 || pkt[0] >> 4 != 6))
+        || hdr.gso_size == 0
+    {
+        return Err(SplitError::Malformed);
+    }
+    if gso == GSO_UDP_L4 {
+        split_udp(l4, hdr.gso_size as usize, pkt, emit);
+        Ok(())
+    } else {
+        split_tcp(l4, hdr.gso_size as usize, pkt, emit)
+    }
+}
+
+/// The IP header of `head` (`l4` bytes) readied for segment `i` of `total` bytes.
+fn segment_ip_header(h: &mut [u8], l4: usize, id0: u16, i: usize, total: usize) {
+    if h[0] >> 4 == 4 {
+        // Each segment gets its own IPv4 ID, as the kernel's segmentation gives it.
+        h[4..6].copy_from_slice(&id0.wrapping_add(i as u16).to_be_bytes());
+    }
+    set_ip_length(h, l4, total);
+}
+
+fn split_tcp(
+    l4: usize,
+    mss: usize,
+    pkt: &[u8],
+    mut emit: impl FnMut(&[u8], &[u8]),
+) -> Result<(), SplitError> {
+    if pkt.len() < l4 + 20 {
+        return Err(SplitError::Malformed);
+    }
+    let tcp_len = ((pkt[l4 + 12] >> 4) as usize) * 4;
+    let hlen = l4 + tcp_len;
+    if tcp_len < 20 || hlen > pkt.len() {
+        return Err(SplitError::Malformed);
+    }
+    let (head, payload) = pkt.split_at(hlen);
+    let seq0 = u32::from_be_bytes([head[l4 + 4], head[l4 + 5], head[l4 + 6], head[l4 + 7]]);
+    let id0 = u16::from_be_bytes([head[4], head[5]]);
+    let flags0 = head[l4 + 13];
+    let nseg = payload.len().div_ceil(mss).max(1);
+    let mut h = head.to_vec();
+    for i in 0..nseg {
+        let off = i * mss;
+        let data = &payload[off..off + mss.min(payload.len() - off)];
+        let total = hlen + data.len();
+        segment_ip_header(&mut h, l4, id0, i, total);
+        h[l4 + 4..l4 + 8].copy_from_slice(&seq0.wrapping_add(off as u32).to_be_bytes());
+        // FIN and PSH belong to the last segment only, CWR to the first only.
+        let mut flags = flags0;
+        if i + 1 < nseg {
+            flags &= !(0x01 | 0x08);
+        }
+        if i > 0 {
+            flags &= !0x80;
+        }
+        h[l4 + 13] = flags;
+        h[l4 + 16..l4 + 18].copy_from_slice(&[0, 0]);
+        // The TCP header is a whole number of 32-bit words, so the payload's sum
+        // continues the header's without realignment.
+        let acc = sum(&h[l4..], pseudo_sum(&h, PROTO_TCP, total - l4));
+        let c = finish(sum(data, acc));
+        h[l4 + 16..l4 + 18].copy_from_slice(&c.to_be_bytes());
+        emit(&h, data);
+    }
+    Ok(())
+}
+
+/// A UDP super-packet (an application's `UDP_SEGMENT` send) becomes one datagram per
+/// `size` bytes of payload, each with its own UDP length and checksum; the caller has
+/// checked that the 8-byte UDP header is there.
+fn split_udp(l4: usize, size: usize, pkt: &[u8], mut emit: impl FnMut(&[u8], &[u8])) {
+    let hlen = l4 + 8;
+    let (head, payload) = pkt.split_at(hlen);
+    let id0 = u16::from_be_bytes([head[4], head[5]]);
+    let mut h = head.to_vec();
+    // An empty payload still makes one (empty) datagram, as for TCP.
+    for i in 0..payload.len().div_ceil(size).max(1) {
+        let off = i * size;
+        let data = &payload[off..off + size.min(payload.len() - off)];
+        let total = hlen + data.len();
+        segment_ip_header(&mut h, l4, id0, i, total);
+        let udp_len = (8 + data.len()) as u16;
+        h[l4 + 4..l4 + 6].copy_from_slice(&udp_len.to_be_bytes());
+        h[l4 + 6..l4 + 8].copy_from_slice(&[0, 0]);
+        // The 8-byte header keeps the payload's sum aligned, as for TCP.
+        let acc = sum(&h[l4..], pseudo_sum(&h, PROTO_UDP, udp_len as usize));
+        let c = match finish(sum(data, acc)) {
+            0 => 0xffff,
+            c => c,
+        };
+        h[l4 + 6..l4 + 8].copy_from_slice(&c.to_be_bytes());
+        emit(&h, data);
+    }
+}
