@@ -30,6 +30,18 @@ fn p99(r: &RunRecord) -> Option<f64> {
 pub fn udp_loss(r: &RunRecord) -> Option<f64> {
     r.udp.map(|u| u.loss_pct)
 }
+/// Share of the datagrams sent that the sender's host dropped on transmit, in percent.
+fn udp_sender_drops(r: &RunRecord) -> Option<f64> {
+    r.udp
+        .filter(|u| u.sent > 0)
+        .map(|u| u.sender_drops as f64 * 100.0 / u.sent as f64)
+}
+/// Share of the datagrams sent that the receiving socket dropped, in percent.
+fn udp_receiver_drops(r: &RunRecord) -> Option<f64> {
+    r.udp
+        .filter(|u| u.sent > 0)
+        .map(|u| u.receiver_drops as f64 * 100.0 / u.sent as f64)
+}
 pub fn retrans(r: &RunRecord) -> Option<f64> {
     (!r.tcp.is_empty()).then(|| r.tcp.iter().map(|t| t.retransmits as f64).sum())
 }
@@ -191,9 +203,17 @@ pub fn markdown(records: &[RunRecord], baseline: &str, impl_order: &[String]) ->
                 let rat =
                     ratio(s.median, base).map_or("–".into(), |x| format!("{}×", fmt_ratio(x)));
                 let extra = match first.cell {
-                    crate::matrix::Cell::Udp { .. } => {
-                        summary_of(runs, udp_loss).map(|s| format!("{:.2}% loss", s.median))
-                    }
+                    crate::matrix::Cell::Udp { .. } => summary_of(runs, udp_loss).map(|s| {
+                        // Where the kernel saw it: the sender's queue, the receiver's
+                        // socket; the rest was lost on the way.
+                        let at = |f| summary_of(runs, f).map_or(0.0, |s: Summary| s.median);
+                        format!(
+                            "{:.2}% loss ({:.1}% sender, {:.1}% receiver socket)",
+                            s.median,
+                            at(udp_sender_drops),
+                            at(udp_receiver_drops)
+                        )
+                    }),
                     _ => summary_of(runs, retrans).map(|s| format!("{:.0} retr", s.median)),
                 }
                 .unwrap_or_default();

@@ -1,11 +1,14 @@
 //! UDP stream with sequence numbers: paced (packets per second) or unlimited. The
 //! receiver reports delivered, lost, reordered and duplicated datagrams, and datagrams
 //! whose contents differ from what was sent (each carries a pattern derived from its
-//! sequence number).
+//! sequence number). Losses are placed where the kernel counts them: on transmit at the
+//! sender's host (a full TUN queue, for a tunnel) and at the receiving socket (a full
+//! receive buffer); the rest were lost in between, by the tunnel.
 
 use super::{in_ns, join, port_from};
 use crate::Result;
 use std::net::{IpAddr, SocketAddr, UdpSocket};
+use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 #[derive(Debug, Clone, Copy, Default, serde::Serialize, serde::Deserialize, PartialEq)]
@@ -18,6 +21,13 @@ pub struct UdpResult {
     /// Datagrams delivered with contents other than the sender's.
     #[serde(default)]
     pub corrupted: u64,
+    /// Datagrams the sender's host dropped on transmit though the send succeeded: the
+    /// interfaces' transmit drops in its namespace over the stream (a full TUN queue).
+    #[serde(default)]
+    pub sender_drops: u64,
+    /// Datagrams the kernel dropped at the receiving socket (a full receive buffer).
+    #[serde(default)]
+    pub receiver_drops: u64,
     pub loss_pct: f64,
     pub delivered_pps: f64,
     pub goodput_bps: f64,
@@ -82,6 +92,24 @@ impl SeqTracker {
     }
 }
 
+/// Transmit drops summed over every interface of the calling thread's network
+/// namespace (`/proc/thread-self/net/dev`, the thread's own namespace).
+fn transmit_drops_here() -> Result<u64> {
+    let dev = std::fs::read_to_string("/proc/thread-self/net/dev")?;
+    let mut total = 0;
+    for line in dev.lines().skip(2) {
+        let Some((_, counters)) = line.split_once(':') else {
+            continue;
+        };
+        // Eight receive counters, then transmit: bytes, packets, errs, drop, ...
+        let drop = counters.split_whitespace().nth(11);
+        total += drop
+            .and_then(|d| d.parse::<u64>().ok())
+            .ok_or("unreadable net/dev")?;
+    }
+    Ok(total)
+}
+
 /// Sends `size`-byte datagrams for `dur`, at `pps` packets per second or unlimited.
 pub fn stream(
     src: &str,
@@ -94,7 +122,7 @@ pub fn stream(
     let size = size.max(16);
     let (tx, rx) = std::sync::mpsc::channel();
     let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
-    let server = in_ns(dst, move || -> Result<(SeqTracker, u64, f64)> {
+    let server = in_ns(dst, move || -> Result<(SeqTracker, u64, f64, u64)> {
         let s = UdpSocket::bind(SocketAddr::new(dst_addr, 0))?;
         s.set_read_timeout(Some(Duration::from_millis(100)))?;
         tx.send(s.local_addr()?.port())?;
@@ -128,10 +156,11 @@ pub fn stream(
             (Some(f), Some(l)) if l > f => (l - f).as_secs_f64(),
             _ => dur.as_secs_f64(),
         };
-        Ok((t, corrupted, secs))
+        let drops = wirelane_io::udp::socket_drops(s.as_raw_fd())?;
+        Ok((t, corrupted, secs, drops.into()))
     });
     let port = port_from(&rx)?;
-    let client = in_ns(src, move || -> Result<u64> {
+    let client = in_ns(src, move || -> Result<(u64, u64)> {
         let s = UdpSocket::bind(SocketAddr::new(
             if dst_addr.is_ipv4() {
                 [0, 0, 0, 0].into()
@@ -142,6 +171,7 @@ pub fn stream(
         ))?;
         s.connect(SocketAddr::new(dst_addr, port))?;
         let mut buf = vec![0u8; size];
+        let drops_before = transmit_drops_here()?;
         let start = Instant::now();
         let end = start + dur;
         let mut seq = 0u64;
@@ -160,11 +190,13 @@ pub fn stream(
                 seq += 1;
             }
         }
-        Ok(seq)
+        // What is still queued leaves within the receiver's grace period; a drop
+        // counted after this read is put down to the tunnel.
+        Ok((seq, transmit_drops_here()?.saturating_sub(drops_before)))
     });
-    let sent = join(client)?;
+    let (sent, sender_drops) = join(client)?;
     let _ = done_tx.send(());
-    let (t, corrupted, secs) = join(server)?;
+    let (t, corrupted, secs, receiver_drops) = join(server)?;
     let lost = sent.saturating_sub(t.unique);
     Ok(UdpResult {
         sent,
@@ -173,6 +205,8 @@ pub fn stream(
         reordered: t.reordered,
         duplicates: t.duplicates,
         corrupted,
+        sender_drops,
+        receiver_drops,
         loss_pct: if sent > 0 {
             lost as f64 * 100.0 / sent as f64
         } else {
