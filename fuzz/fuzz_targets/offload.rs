@@ -31,7 +31,7 @@ fuzz_target!(|data: &[u8]| {
         }
         let mut scratch = Vec::new();
         let mut out_bytes = 0usize;
-        coalesce(&segs, &mut scratch, mode & 2 != 0, |pieces| {
+        coalesce(&segs, &mut scratch, mode & 2 != 0, |pieces, _| {
             let pkt: Vec<u8> = pieces.iter().flat_map(|p| p.iter().copied()).collect();
             let hdr = VnetHdr::parse(&pkt).expect("coalesce emits a vnet header");
             let mut body = pkt[VNET_HDR_LEN..].to_vec();

@@ -39,7 +39,7 @@ counters! {
     rx_bad_source,
     /// Inner packets that are not well-formed IPv4 or IPv6.
     rx_bad_inner,
-    /// Writes to the TUN that the kernel refused (each may hold many packets).
+    /// Packets the kernel refused to take from a TUN write.
     rx_tun_write_failed,
     /// Received transport messages dropped because the peer's queue was full.
     rx_queue_full,

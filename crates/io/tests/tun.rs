@@ -187,7 +187,7 @@ fn uso_both_ways() {
         .collect();
     let refs: Vec<&[u8]> = to_us.iter().map(Vec::as_slice).collect();
     let mut writes = 0;
-    coalesce(&refs, &mut Vec::new(), true, |pieces| {
+    coalesce(&refs, &mut Vec::new(), true, |pieces, _| {
         writes += 1;
         tun.write_pieces(pieces)
             .expect("the kernel takes the UDP super-packet");

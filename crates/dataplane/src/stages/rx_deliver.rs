@@ -8,12 +8,13 @@ use crate::inner;
 use crate::packet::HEADROOM;
 use crate::peer::Peer;
 use std::cell::RefCell;
+use std::io::IoSlice;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use wirelane_io::offload;
 
 thread_local! {
-    /// Per-worker buffer for a super-packet's vnet and IP/TCP headers (reused).
+    /// Per-worker buffer for a super-packet's vnet and IP/TCP or IP/UDP headers (reused).
     static COALESCE: RefCell<Vec<u8>> = RefCell::new(Vec::with_capacity(offload::VNET_HDR_LEN + 120));
 }
 
@@ -36,12 +37,26 @@ fn write_to_tun(dev: &Device, segs: &[&[u8]]) {
             segs,
             &mut scratch.borrow_mut(),
             dev.tun.has_uso(),
-            |pieces| {
-                if dev.tun.write_pieces(pieces).is_err() {
-                    dev.stats
-                        .rx_tun_write_failed
-                        .fetch_add(1, Ordering::Relaxed);
-                }
+            |pieces, packets| {
+                let failed = match dev.tun.write_pieces(pieces) {
+                    Ok(_) => 0,
+                    // The kernel refused the super-packet itself (its virtio-header
+                    // checks): every packet in it still goes, one by one.
+                    Err(e) if packets.len() > 1 && e.raw_os_error() == Some(libc::EINVAL) => {
+                        let none = [0u8; offload::VNET_HDR_LEN];
+                        packets
+                            .iter()
+                            .filter(|p| {
+                                let alone = [IoSlice::new(&none), IoSlice::new(p)];
+                                dev.tun.write_pieces(&alone).is_err()
+                            })
+                            .count()
+                    }
+                    Err(_) => packets.len(),
+                };
+                dev.stats
+                    .rx_tun_write_failed
+                    .fetch_add(failed as u64, Ordering::Relaxed);
             },
         )
     });

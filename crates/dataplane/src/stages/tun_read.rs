@@ -1,7 +1,7 @@
 //! Stage TX-1, tun read. Input: the TUN device. Output: a vector of plaintext IP
-//! packets in the order the kernel handed them to us. With offloads on, TCP
-//! super-packets are split into MTU-sized segments here (checksums completed), so every
-//! later stage sees ordinary packets. Runs on one reader at a time per queue.
+//! packets in the order the kernel handed them to us. With offloads on, TCP (TSO) and
+//! UDP (USO) super-packets are split into MTU-sized segments here (checksums
+//! completed), so every later stage sees ordinary packets. Runs on one reader at a time per queue.
 
 use crate::device::Device;
 use crate::packet::{Packet, MAX_BATCH};
@@ -9,8 +9,10 @@ use std::io;
 use std::sync::atomic::Ordering;
 use wirelane_io::offload::{split, VnetHdr, VNET_HDR_LEN};
 
-/// Scratch space for one read: the largest super-packet plus its vnet header.
-pub const SCRATCH_LEN: usize = 65536 + VNET_HDR_LEN;
+/// Scratch space for one read: the largest super-packet plus its vnet header. An IPv6
+/// UDP super-packet may carry a full 65,535-byte payload after its 40-byte header; a
+/// read that fills the buffer anyway was truncated and is dropped.
+pub const SCRATCH_LEN: usize = 40 + 65535 + VNET_HDR_LEN + 1;
 
 /// Reads until about [`MAX_BATCH`] packets are gathered, without blocking. An empty
 /// result means the TUN had nothing queued; an error other than `WouldBlock` means the
@@ -21,6 +23,10 @@ pub fn read_batch(dev: &Device, scratch: &mut [u8]) -> io::Result<Vec<Packet>> {
     while out.len() < MAX_BATCH {
         let n = match dev.tun.read(scratch) {
             Ok(0) => break,
+            Ok(n) if n == scratch.len() => {
+                dev.stats.tx_dropped.fetch_add(1, Ordering::Relaxed);
+                continue; // truncated (see SCRATCH_LEN)
+            }
             Ok(n) => n,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,

@@ -54,16 +54,22 @@ fn parse_seg(p: &[u8]) -> Option<Seg> {
                 flags: t[13],
             })
         }
-        // The UDP length must describe exactly what the IP header carries.
-        PROTO_UDP if u16::from_be_bytes([t[4], t[5]]) as usize == t.len() => Some(Seg {
-            v6,
-            ip_hlen,
-            proto,
-            l4_hlen: 8,
-            payload: t.len() - 8,
-            seq: 0,
-            flags: 0,
-        }),
+        // The UDP length must describe exactly what the IP header carries; over IPv6 a
+        // zero checksum is invalid, and the kernel, not a rewritten header, drops it.
+        PROTO_UDP
+            if u16::from_be_bytes([t[4], t[5]]) as usize == t.len()
+                && !(v6 && t[6..8] == [0, 0]) =>
+        {
+            Some(Seg {
+                v6,
+                ip_hlen,
+                proto,
+                l4_hlen: 8,
+                payload: t.len() - 8,
+                seq: 0,
+                flags: 0,
+            })
+        }
         _ => None,
     }
 }
@@ -97,16 +103,20 @@ fn same_headers(a: &[u8], sa: &Seg, b: &[u8], sb: &Seg) -> bool {
 /// lack), into single GSO super-packets. Anything else goes out one by one with an
 /// empty header. Each packet is emitted as pieces to be written end to end (one
 /// `writev`): `scratch` (reused between calls) holds the vnet header and the rebuilt
-/// IP and transport header, the payloads are slices of `segs`, never copied.
+/// IP and transport header, the payloads are slices of `segs`, never copied. With the
+/// pieces, `emit` gets the packets they carry, to write one by one should the kernel
+/// refuse the super-packet.
 ///
 /// Checksums are not verified: the super-packet's is left to the kernel
-/// (`NEEDS_CSUM`), as the peer's own stack left it, and the payloads were authenticated
-/// end to end by the tunnel.
-pub fn coalesce(
-    segs: &[&[u8]],
+/// (`NEEDS_CSUM`), and the payloads were authenticated end to end by the tunnel. So a
+/// segment whose sender wrote a wrong TCP or UDP checksum is delivered with a right
+/// one, where the kernel's own GRO would have dropped it; that costs nobody but the
+/// authenticated peer that sent it.
+pub fn coalesce<'a>(
+    segs: &[&'a [u8]],
     scratch: &mut Vec<u8>,
     udp: bool,
-    mut emit: impl FnMut(&[IoSlice<'_>]),
+    mut emit: impl FnMut(&[IoSlice<'_>], &[&'a [u8]]),
 ) {
     let mut i = 0;
     while i < segs.len() {
@@ -148,12 +158,15 @@ pub fn coalesce(
                 let mut pieces = Vec::with_capacity(j - i + 1);
                 pieces.push(IoSlice::new(scratch));
                 pieces.extend(segs[i..j].iter().map(|s| IoSlice::new(&s[hlen..])));
-                emit(&pieces);
+                emit(&pieces, &segs[i..j]);
                 i = j;
                 continue;
             }
         }
-        emit(&[IoSlice::new(&[0u8; VNET_HDR_LEN]), IoSlice::new(first)]);
+        emit(
+            &[IoSlice::new(&[0u8; VNET_HDR_LEN]), IoSlice::new(first)],
+            &segs[i..=i],
+        );
         i += 1;
     }
 }

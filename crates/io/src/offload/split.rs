@@ -51,10 +51,16 @@ pub fn split(
         other => return Err(SplitError::Unsupported(other)),
     };
     let l4 = hdr.csum_start as usize;
+    let proto = if gso == GSO_UDP_L4 {
+        PROTO_UDP
+    } else {
+        PROTO_TCP
+    };
     if pkt.len() < l4 + 8
         || (v4 && (l4 < 20 || pkt[0] >> 4 != 4))
         || (!v4 && (l4 < 40 || pkt[0] >> 4 != 6))
         || hdr.gso_size == 0
+        || !headers_agree(pkt, v4, l4, proto)
     {
         return Err(SplitError::Malformed);
     }
@@ -63,6 +69,22 @@ pub fn split(
         Ok(())
     } else {
         split_tcp(l4, hdr.gso_size as usize, pkt, emit)
+    }
+}
+
+/// Whether the IP header of a super-packet (at least `l4` bytes, checked) agrees with
+/// the vnet header and with what was read: the transport starts at `l4` and is `proto`
+/// (IPv6 extension headers are let through unchecked), and the IP length is the
+/// packet's. The length check is what catches a read the buffer truncated: splitting
+/// that would send a short last segment with a freshly computed, valid checksum.
+fn headers_agree(pkt: &[u8], v4: bool, l4: usize, proto: u8) -> bool {
+    if v4 {
+        l4 == ((pkt[0] & 0x0f) as usize) * 4
+            && pkt[9] == proto
+            && u16::from_be_bytes([pkt[2], pkt[3]]) as usize == pkt.len()
+    } else {
+        (l4 > 40 || pkt[6] == proto)
+            && u16::from_be_bytes([pkt[4], pkt[5]]) as usize + 40 == pkt.len()
     }
 }
 

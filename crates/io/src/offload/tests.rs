@@ -120,6 +120,19 @@ fn malformed_super_packets_are_refused() {
     let mut p = super_packet(false, 3000, 0x10);
     let zero = VnetHdr { gso_size: 0, ..hdr };
     assert_eq!(split(&zero, &mut p, |_, _| {}), Err(SplitError::Malformed));
+    // A read the buffer truncated: the IP length no longer matches what is there.
+    let mut cut = p[..p.len() - 100].to_vec();
+    assert_eq!(split(&hdr, &mut cut, |_, _| {}), Err(SplitError::Malformed));
+    // A UDP offload claimed for a TCP packet.
+    let not_udp = VnetHdr {
+        gso_type: GSO_UDP_L4,
+        csum_offset: 6,
+        ..hdr
+    };
+    assert_eq!(
+        split(&not_udp, &mut p, |_, _| {}),
+        Err(SplitError::Malformed)
+    );
     // UFO (IP fragmentation of UDP), which no TUN we configure asks for.
     let ufo = VnetHdr { gso_type: 3, ..hdr };
     assert_eq!(
@@ -193,7 +206,7 @@ fn coalesce_then_split_is_identity() {
         let refs: Vec<&[u8]> = segs.iter().map(Vec::as_slice).collect();
         let mut out = Vec::new();
         let mut scratch = Vec::new();
-        coalesce(&refs, &mut scratch, false, |b| out.push(joined(b)));
+        coalesce(&refs, &mut scratch, false, |b, _| out.push(joined(b)));
         assert_eq!(out.len(), 1, "one super-packet");
         let hdr = VnetHdr::parse(&out[0]).unwrap();
         assert_eq!(hdr.gso_size, 1360);
@@ -218,7 +231,7 @@ fn coalesce_keeps_what_cannot_merge_apart() {
     };
     let refs: Vec<&[u8]> = vec![&segs[0], &other, &udp, &segs[1]];
     let mut out = Vec::new();
-    coalesce(&refs, &mut Vec::new(), false, |b| out.push(joined(b)));
+    coalesce(&refs, &mut Vec::new(), false, |b, _| out.push(joined(b)));
     assert_eq!(out.len(), 4);
     for (o, s) in out.iter().zip(&refs) {
         assert_eq!(&o[..VNET_HDR_LEN], &[0u8; VNET_HDR_LEN]);
@@ -228,7 +241,7 @@ fn coalesce_keeps_what_cannot_merge_apart() {
     let all = segments(true, 5440, ACK);
     let refs: Vec<&[u8]> = vec![&all[0], &all[1], &all[3]];
     let mut out = Vec::new();
-    coalesce(&refs, &mut Vec::new(), false, |b| out.push(joined(b)));
+    coalesce(&refs, &mut Vec::new(), false, |b, _| out.push(joined(b)));
     assert_eq!(out.len(), 2);
     assert_eq!(split_all(&out[0]), all[..2].to_vec());
 }
@@ -325,14 +338,19 @@ fn udp_coalesce_then_split_is_identity() {
         assert_eq!(segs.len(), 8);
         let refs: Vec<&[u8]> = segs.iter().map(Vec::as_slice).collect();
         let mut out = Vec::new();
-        coalesce(&refs, &mut Vec::new(), true, |b| out.push(joined(b)));
+        let mut carried = Vec::new();
+        coalesce(&refs, &mut Vec::new(), true, |b, run| {
+            out.push(joined(b));
+            carried.extend(run.iter().map(|p| p.to_vec()));
+        });
         assert_eq!(out.len(), 1, "one super-packet");
+        assert_eq!(carried, segs, "emit names the packets it carries");
         let hdr = VnetHdr::parse(&out[0]).unwrap();
         assert_eq!((hdr.gso_type, hdr.gso_size), (GSO_UDP_L4, 1380));
         assert_eq!(split_all(&out[0]), segs);
         // Where the TUN has no USO, every datagram goes alone, unchanged.
         let mut alone = Vec::new();
-        coalesce(&refs, &mut Vec::new(), false, |b| alone.push(joined(b)));
+        coalesce(&refs, &mut Vec::new(), false, |b, _| alone.push(joined(b)));
         assert_eq!(alone.len(), 8);
         for (o, s) in alone.iter().zip(&segs) {
             assert_eq!(&o[VNET_HDR_LEN..], s.as_slice());
@@ -346,10 +364,21 @@ fn udp_coalesce_respects_flows_sizes_and_the_segment_limit() {
     let segs = udp_segments(false, 100 * 100, 100);
     let refs: Vec<&[u8]> = segs.iter().map(Vec::as_slice).collect();
     let mut out = Vec::new();
-    coalesce(&refs, &mut Vec::new(), true, |b| out.push(joined(b)));
+    coalesce(&refs, &mut Vec::new(), true, |b, _| out.push(joined(b)));
     assert_eq!(out.len(), 2);
     assert_eq!(split_all(&out[0]), segs[..64].to_vec());
     assert_eq!(split_all(&out[1]), segs[64..].to_vec());
+
+    // Over IPv6 a zero UDP checksum is invalid: such datagrams are written as they
+    // are, for the kernel to drop, not rewritten into a super-packet.
+    let mut zero: Vec<Vec<u8>> = udp_segments(true, 3000, 1000);
+    for d in &mut zero {
+        d[46..48].copy_from_slice(&[0, 0]);
+    }
+    let refs: Vec<&[u8]> = zero.iter().map(Vec::as_slice).collect();
+    let mut out = Vec::new();
+    coalesce(&refs, &mut Vec::new(), true, |b, _| out.push(joined(b)));
+    assert_eq!(out.len(), 3);
 
     // Another port in between, a larger datagram after a smaller one (only the last of
     // a run may be short), and a TCP segment: none of them joins the run before it.
@@ -360,7 +389,7 @@ fn udp_coalesce_respects_flows_sizes_and_the_segment_limit() {
     let tcp = segments(false, 1360, ACK);
     let refs: Vec<&[u8]> = vec![&segs[0], &other, &segs[2], &big[0], &segs[1], &tcp[0]];
     let mut out = Vec::new();
-    coalesce(&refs, &mut Vec::new(), true, |b| out.push(joined(b)));
+    coalesce(&refs, &mut Vec::new(), true, |b, _| out.push(joined(b)));
     assert_eq!(out.len(), 5);
     assert_eq!(split_all(&out[3]), vec![big[0].clone(), segs[1].clone()]);
     for (o, s) in [(0, 0), (1, 1), (2, 2), (4, 5)] {
