@@ -13,6 +13,7 @@ use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 use std::time::Duration;
 use wirelane_dataplane::config::ApplyError;
+use wirelane_dataplane::device::SocketRole;
 use wirelane_dataplane::{Device, DeviceSnapshot, DeviceUpdate, PeerUpdate};
 use wirelane_proto::{hex_key, parse_hex_key, Prefix};
 
@@ -170,8 +171,10 @@ pub fn format_stats(dev: &Device) -> String {
     let _ = writeln!(out, "handshake_queue={}", dev.handshake_queue_len());
     let _ = writeln!(out, "ratelimiter_sources={}", dev.ratelimiter_sources());
     let sockets = dev.sockets();
-    let _ = writeln!(out, "data_socket_drops={}", sockets.kernel_drops(false));
-    let _ = writeln!(out, "handshake_socket_drops={}", sockets.kernel_drops(true));
+    for role in SocketRole::ALL {
+        let drops = sockets.kernel_drops(role);
+        let _ = writeln!(out, "{}_socket_drops={drops}", role.name());
+    }
     drop(sockets);
     let table = dev.table();
     let staged_max = table.by_id.values().map(|p| p.staged_len()).max();

@@ -119,28 +119,102 @@ fn setsockopt_int(
     .map(|_| ())
 }
 
-/// Installs, on a SO_REUSEPORT group of two sockets, a classic BPF program that picks
-/// the first socket (index 0) for datagrams whose first byte is `first_byte`, and the
-/// second for all others. The kernel runs it with the UDP payload at offset 0; a load
-/// past the end (an empty datagram) ends the program with 0, the first socket.
-fn attach_steering(fd: RawFd, first_byte: u8) -> io::Result<()> {
-    let insn = |code: u32, jt: u8, jf: u8, k: u32| libc::sock_filter {
-        code: code as u16,
-        jt,
-        jf,
-        k,
-    };
-    let program = [
-        insn(libc::BPF_LD | libc::BPF_B | libc::BPF_ABS, 0, 0, 0),
-        insn(
-            libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K,
-            0,
-            1,
-            first_byte.into(),
-        ),
-        insn(libc::BPF_RET | libc::BPF_K, 0, 0, 0),
-        insn(libc::BPF_RET | libc::BPF_K, 0, 0, 1),
+/// How the kernel steers the datagrams arriving on one port between the three sockets
+/// of its SO_REUSEPORT group (see [`UdpSocket::bind_steered`]).
+#[derive(Debug, Clone)]
+pub struct Steering {
+    /// First byte of the datagrams for the data socket.
+    pub data_first_byte: u8,
+    /// Datagrams for the proof socket: each rule names a first byte, an exact length,
+    /// and the offset of a 16-byte field that must not be all zeros. Everything else
+    /// goes to the handshake socket.
+    pub proof: Vec<ProofRule>,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct ProofRule {
+    pub first_byte: u8,
+    pub len: u32,
+    pub field: u32,
+}
+
+/// Where a steering instruction jumps.
+#[derive(Clone, Copy, PartialEq)]
+enum To {
+    Next,
+    Data,
+    Handshake,
+    Proof,
+    Rule(usize),
+}
+
+/// Socket indices in the group, in the order the sockets joined it.
+const DATA: u32 = 0;
+const HANDSHAKE: u32 = 1;
+const PROOF: u32 = 2;
+
+/// The classic BPF program for `steering`. The kernel runs it with the UDP payload at
+/// offset 0 and the payload's length as the packet length; a load past the end would
+/// end the program with 0, the data socket, which is why a rule checks the length
+/// before it loads its field. Layout: dispatch on the first byte, then one block per
+/// rule, then the three returns.
+fn steering_program(steering: &Steering) -> Vec<libc::sock_filter> {
+    use libc::{BPF_ABS, BPF_B, BPF_JEQ, BPF_JMP, BPF_K, BPF_LD, BPF_LEN, BPF_RET, BPF_W};
+    let jeq = BPF_JMP | BPF_JEQ | BPF_K;
+    let mut code: Vec<(u32, u32, To, To)> = vec![
+        (BPF_LD | BPF_B | BPF_ABS, 0, To::Next, To::Next),
+        (jeq, steering.data_first_byte.into(), To::Data, To::Next),
     ];
+    for (i, r) in steering.proof.iter().enumerate() {
+        code.push((jeq, r.first_byte.into(), To::Rule(i), To::Next));
+    }
+    code.push((BPF_RET | BPF_K, HANDSHAKE, To::Next, To::Next));
+    let mut starts = Vec::new();
+    for r in &steering.proof {
+        starts.push(code.len());
+        code.push((BPF_LD | BPF_W | BPF_LEN, 0, To::Next, To::Next));
+        code.push((jeq, r.len, To::Next, To::Handshake));
+        for word in 0..4 {
+            code.push((
+                BPF_LD | BPF_W | BPF_ABS,
+                r.field + 4 * word,
+                To::Next,
+                To::Next,
+            ));
+            code.push((jeq, 0, To::Next, To::Proof));
+        }
+        code.push((BPF_RET | BPF_K, HANDSHAKE, To::Next, To::Next));
+    }
+    let returns = code.len();
+    for index in [DATA, HANDSHAKE, PROOF] {
+        code.push((BPF_RET | BPF_K, index, To::Next, To::Next));
+    }
+    let target = |to: To, at: usize| -> u8 {
+        let abs = match to {
+            To::Next => at + 1,
+            To::Data => returns,
+            To::Handshake => returns + 1,
+            To::Proof => returns + 2,
+            To::Rule(i) => starts[i],
+        };
+        // Jumps are forward and relative to the next instruction; the program is a few
+        // dozen instructions, well within a jump's 8 bits.
+        (abs - at - 1) as u8
+    };
+    code.iter()
+        .enumerate()
+        .map(|(at, &(c, k, jt, jf))| libc::sock_filter {
+            code: c as u16,
+            jt: target(jt, at),
+            jf: target(jf, at),
+            k,
+        })
+        .collect()
+}
+
+/// Installs the steering program on the SO_REUSEPORT group `fd` belongs to.
+fn attach_steering(fd: RawFd, steering: &Steering) -> io::Result<()> {
+    let program = steering_program(steering);
     let fprog = libc::sock_fprog {
         len: program.len() as u16,
         filter: program.as_ptr() as *mut libc::sock_filter,
@@ -183,26 +257,32 @@ impl UdpSocket {
         Self::open(v6, port, false)
     }
 
-    /// Binds a data socket and a handshake socket of one family on `port` (0: any).
-    /// The kernel hands the data socket every datagram whose first byte is
-    /// `data_first_byte` and the handshake socket all others, so a flood of the others
-    /// fills and overflows only the handshake socket's buffer. The handshake socket is
-    /// an error where the kernel refused it; the data socket then receives everything.
+    /// Binds the three sockets of one family on `port` (0: any): data, handshake and
+    /// proof. The kernel steers each datagram by [`Steering`]: the data socket gets
+    /// the data, the proof socket the handshake messages that carry a proof (for
+    /// WireGuard, a non-zero mac2: the sender holds a cookie of ours), and the
+    /// handshake socket everything else. A flood of cookie-less messages then fills and
+    /// overflows only the handshake socket's buffer, and a flood that fakes the proof
+    /// only the proof socket's. Where the kernel refuses the steering, the second
+    /// value is the error and the data socket receives everything.
     ///
-    /// Both sit in one SO_REUSEPORT group, which another socket could join only with
-    /// SO_REUSEPORT set and the same user id. The port is first claimed by a plain bind,
-    /// closed again just before the pair binds, so a port another socket already holds
-    /// fails here as it would without the group, rather than being shared.
+    /// All three sit in one SO_REUSEPORT group, which another socket could join only
+    /// with SO_REUSEPORT set and the same user id. The port is first claimed by a plain
+    /// bind, closed again just before the group binds, so a port another socket already
+    /// holds fails here as it would without the group, rather than being shared.
     pub fn bind_steered(
         v6: bool,
         port: u16,
-        data_first_byte: u8,
-    ) -> io::Result<(UdpSocket, io::Result<UdpSocket>)> {
+        steering: &Steering,
+    ) -> io::Result<(UdpSocket, io::Result<(UdpSocket, UdpSocket)>)> {
         let port = Self::open(v6, port, false)?.local_port()?;
         let data = Self::open(v6, port, true)?;
-        let handshake = Self::open(v6, port, true)
-            .and_then(|s| attach_steering(data.fd(), data_first_byte).map(|()| s));
-        Ok((data, handshake))
+        let others = Self::open(v6, port, true).and_then(|handshake| {
+            let proof = Self::open(v6, port, true)?;
+            attach_steering(data.fd(), steering)?;
+            Ok((handshake, proof))
+        });
+        Ok((data, others))
     }
 
     fn open(v6: bool, port: u16, reuse_port: bool) -> io::Result<UdpSocket> {
@@ -685,37 +765,68 @@ mod tests {
     }
 
     #[test]
-    fn steered_pair_splits_by_first_byte_and_keeps_its_port() {
-        let (data, handshake) = UdpSocket::bind_steered(false, 0, 4).unwrap();
-        let handshake = handshake.expect("this kernel steers SO_REUSEPORT groups");
+    fn steered_group_splits_data_handshakes_and_proofs_and_keeps_its_port() {
+        // WireGuard's shapes: data is type 4; a type 1 of 148 bytes or a type 2 of 92
+        // bytes carries its proof (mac2) in its last 16 bytes.
+        let steering = Steering {
+            data_first_byte: 4,
+            proof: vec![
+                ProofRule {
+                    first_byte: 1,
+                    len: 148,
+                    field: 132,
+                },
+                ProofRule {
+                    first_byte: 2,
+                    len: 92,
+                    field: 76,
+                },
+            ],
+        };
+        let (data, others) = UdpSocket::bind_steered(false, 0, &steering).unwrap();
+        let (handshake, proof) = others.expect("this kernel steers SO_REUSEPORT groups");
         let port = data.local_port().unwrap();
         assert_eq!(handshake.local_port().unwrap(), port);
+        assert_eq!(proof.local_port().unwrap(), port);
         // The port is taken for anyone else, steered or not.
         let in_use = |r: io::Result<()>| r.unwrap_err().raw_os_error() == Some(libc::EADDRINUSE);
         assert!(in_use(UdpSocket::bind(false, port).map(drop)));
-        assert!(in_use(UdpSocket::bind_steered(false, port, 4).map(drop)));
+        assert!(in_use(
+            UdpSocket::bind_steered(false, port, &steering).map(drop)
+        ));
 
         let client = UdpSocket::bind(false, 0).unwrap();
         let dst = SocketAddr::from(([127, 0, 0, 1], port));
+        let message = |kind: u8, len: usize, proof_byte: Option<usize>| {
+            let mut m = vec![0u8; len];
+            m[0] = kind;
+            m[1] = 0xaa; // nonzero outside the proof field
+            if let Some(at) = proof_byte {
+                m[at] = 1;
+            }
+            m
+        };
         let msgs: Vec<Vec<u8>> = vec![
-            vec![4, 0, 0, 0, 1],
-            vec![1, 0, 0, 0, 2],
-            vec![4, 0, 0, 0, 3],
-            vec![2, 0, 0, 0, 4],
-            vec![],
-            vec![9],
+            vec![4, 0, 0, 0, 1],        // 0 data
+            message(1, 148, None),      // 1 initiation without a proof
+            message(1, 148, Some(147)), // 2 initiation, proof in its last byte
+            vec![4, 0, 0, 0, 3],        // 3 data
+            message(2, 92, Some(76)),   // 4 response, proof in its first byte
+            message(2, 92, None),       // 5 response without a proof
+            message(1, 147, Some(140)), // 6 a type 1 of the wrong length
+            message(1, 148, Some(131)), // 7 nonzero just before the proof field
+            message(3, 64, Some(63)),   // 8 cookie reply
+            vec![],                     // 9 empty
+            vec![9],                    // 10 unknown type
         ];
         let batch: Vec<(&[u8], SocketAddr)> = msgs.iter().map(|m| (&m[..], dst)).collect();
         assert_eq!(client.send_batch(&batch).unwrap(), msgs.len());
+        let pick = |idx: &[usize]| idx.iter().map(|&i| msgs[i].clone()).collect::<Vec<_>>();
         // Type 4 and the empty datagram to the data socket, in order; the rest aside.
-        assert_eq!(
-            receive(&data, 3),
-            vec![msgs[0].clone(), msgs[2].clone(), vec![]]
-        );
-        assert_eq!(
-            receive(&handshake, 3),
-            vec![msgs[1].clone(), msgs[3].clone(), msgs[5].clone()]
-        );
-        assert_eq!((data.drops().unwrap(), handshake.drops().unwrap()), (0, 0));
+        assert_eq!(receive(&data, 3), pick(&[0, 3, 9]));
+        assert_eq!(receive(&proof, 2), pick(&[2, 4]));
+        assert_eq!(receive(&handshake, 6), pick(&[1, 5, 6, 7, 8, 10]));
+        let drops = [&data, &handshake, &proof].map(|s| s.drops().unwrap());
+        assert_eq!(drops, [0, 0, 0]);
     }
 }

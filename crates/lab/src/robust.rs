@@ -164,6 +164,7 @@ pub struct FloodOutcome {
     /// over the TCP runs (the flood's overflow lands on the latter).
     pub data_socket_drops: u64,
     pub handshake_socket_drops: u64,
+    pub proof_socket_drops: u64,
     pub rate_limited: u64,
     /// Handshake messages from the one cookie-answering source that got past the rate
     /// limit while under load, and the seconds they were counted over.
@@ -307,6 +308,7 @@ pub fn flood_scenario(secs: f64, repeats: usize, rate: Option<u64>) -> Result<Fl
     o.cookie_replies_unsent = counter(&st, "cookie_replies_unsent");
     o.data_socket_drops = counter(&st, "data_socket_drops");
     o.handshake_socket_drops = counter(&st, "handshake_socket_drops");
+    o.proof_socket_drops = counter(&st, "proof_socket_drops");
 
     // One source that answers cookies, beside the spoofed flood: while under load only
     // it can pass the gate, and each of its initiations then fails after one DH, so
@@ -405,8 +407,11 @@ pub fn print_flood(o: &FloodOutcome) {
             ),
         ),
         (
-            "kernel drops at the data / handshake sockets",
-            format!("{} / {}", o.data_socket_drops, o.handshake_socket_drops),
+            "kernel drops at the data / handshake / proof sockets",
+            format!(
+                "{} / {} / {}",
+                o.data_socket_drops, o.handshake_socket_drops, o.proof_socket_drops
+            ),
         ),
         (
             "cookie-answering source got its cookie",
@@ -461,6 +466,7 @@ pub struct FloodAloneOutcome {
     pub cookie_replies_unsent: u64,
     pub data_socket_drops: u64,
     pub handshake_socket_drops: u64,
+    pub proof_socket_drops: u64,
     /// B's threads by CPU seconds over the flood, busiest first.
     pub threads: Vec<crate::cpu::ThreadCpu>,
 }
@@ -482,6 +488,7 @@ pub fn flood_alone_scenario(secs: f64) -> Result<FloodAloneOutcome> {
         cookie_replies_unsent: delta(&before, &after, "cookie_replies_unsent"),
         data_socket_drops: delta(&before, &after, "data_socket_drops"),
         handshake_socket_drops: delta(&before, &after, "handshake_socket_drops"),
+        proof_socket_drops: delta(&before, &after, "proof_socket_drops"),
         threads: crate::cpu::thread_deltas("wirelane", &threads_before, &threads_after),
     })
 }
@@ -503,8 +510,8 @@ pub fn print_flood_alone(o: &FloodAloneOutcome) {
         o.cookie_replies_unsent
     );
     println!(
-        "| kernel drops at the data / handshake sockets | {} / {} |",
-        o.data_socket_drops, o.handshake_socket_drops
+        "| kernel drops at the data / handshake / proof sockets | {} / {} / {} |",
+        o.data_socket_drops, o.handshake_socket_drops, o.proof_socket_drops
     );
     for t in o.threads.iter().filter(|t| t.cpu_s >= 0.01 * o.seconds) {
         println!(

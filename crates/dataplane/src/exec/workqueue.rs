@@ -2,12 +2,12 @@
 //! (encrypt, decrypt, per-peer flush, per-peer delivery) from one shared FIFO, all at
 //! the same priority. A peer's serial stage is just another item, run by whichever
 //! worker is free. Beside the workers: one reader per I/O source (TUN, each UDP
-//! socket: data and handshake, per family), one handshake thread with its own bounded
-//! queue, and one timer thread.
+//! socket: data, handshake and proof, per family), one handshake thread with its own
+//! bounded queue, and one timer thread.
 //! A reader that finds the FIFO empty runs a small item itself (see `run_here`).
 
 use super::Work;
-use crate::device::Device;
+use crate::device::{Device, SocketRole};
 use crate::packet::MAX_BATCH;
 use crate::stages;
 use crossbeam_channel::RecvTimeoutError;
@@ -52,14 +52,17 @@ pub fn start(dev: Arc<Device>, workers: usize) -> std::io::Result<Running> {
     }
     let d = dev.clone();
     threads.push(spawn("wl-tun-read".into(), move || tun_reader(&d))?);
-    for (v6, handshake) in [(false, false), (true, false), (false, true), (true, true)] {
-        let d = dev.clone();
-        let name = format!(
-            "wl-udp{}-{}",
-            if v6 { 6 } else { 4 },
-            if handshake { "hs" } else { "read" }
-        );
-        threads.push(spawn(name, move || udp_reader(&d, v6, handshake))?);
+    for role in SocketRole::ALL {
+        for v6 in [false, true] {
+            let d = dev.clone();
+            let suffix = match role {
+                SocketRole::Data => "read",
+                SocketRole::Handshake => "hs",
+                SocketRole::Proof => "proof",
+            };
+            let name = format!("wl-udp{}-{suffix}", if v6 { 6 } else { 4 });
+            threads.push(spawn(name, move || udp_reader(&d, v6, role))?);
+        }
     }
     let d = dev.clone();
     threads.push(spawn("wl-handshake".into(), move || handshake_worker(&d))?);
@@ -152,18 +155,18 @@ fn tun_reader(dev: &Device) {
     }
 }
 
-/// Serves one family's data socket, or its handshake socket (at the handshake thread's
-/// lower priority: under a flood its socket overflows in the kernel, and data waits
-/// for nothing). Both run the whole receive path; which datagrams each sees is the
-/// kernel's steering, and without it the data socket sees everything.
-fn udp_reader(dev: &Device, v6: bool, handshake: bool) {
+/// Serves one family's data, handshake or proof socket (the last two at the handshake
+/// thread's lower priority: under a flood their sockets overflow in the kernel, and
+/// data waits for nothing). All run the whole receive path; which datagrams each sees
+/// is the kernel's steering, and without it the data socket sees everything.
+fn udp_reader(dev: &Device, v6: bool, role: SocketRole) {
     IO_READER.set(true);
-    if handshake {
-        lower_priority("UDP handshake reader");
+    if role != SocketRole::Data {
+        lower_priority("UDP handshake and proof readers");
     }
     while !dev.stopping() {
         let generation = dev.sockets_generation.load(Ordering::SeqCst);
-        let sock = dev.sockets().for_reader(v6, handshake).cloned();
+        let sock = dev.sockets().for_reader(v6, role).cloned();
         let Some(sock) = sock else {
             // No socket of this kind (yet): wait for a rebind or stop.
             let _ = wait_readable(dev.waker.fd(), &dev.waker, IDLE_CHECK.as_millis() as i32);
