@@ -175,6 +175,8 @@ pub struct FloodOutcome {
     pub junk_sent: u64,
     pub junk_invalid_mac1: u64,
     pub junk_dropped_at_queue: u64,
+    /// Junk the kernel dropped at the full handshake socket before we read it.
+    pub junk_dropped_by_kernel: u64,
     pub junk_dh: u64,
     pub under_load_cleared_s: f64,
     pub new_peer_handshake_s: Option<f64>,
@@ -358,6 +360,7 @@ pub fn flood_scenario(secs: f64, repeats: usize, rate: Option<u64>) -> Result<Fl
     o.junk_sent = junk.sent;
     o.junk_invalid_mac1 = delta(&before, &after, "handshake_invalid_mac1");
     o.junk_dropped_at_queue = delta(&before, &after, "handshake_queue_full");
+    o.junk_dropped_by_kernel = delta(&before, &after, "handshake_socket_drops");
     o.junk_dh = delta(&before, &after, "handshake_dh");
 
     // A new peer joins while a spoofed flood runs.
@@ -430,10 +433,14 @@ pub fn print_flood(o: &FloodOutcome) {
             o.ratelimiter_sources_max.to_string(),
         ),
         (
-            "junk sent / invalid mac1 / dropped at queue / DH",
+            "junk sent / invalid mac1 / dropped at queue / by the kernel / DH",
             format!(
-                "{} / {} / {} / {}",
-                o.junk_sent, o.junk_invalid_mac1, o.junk_dropped_at_queue, o.junk_dh
+                "{} / {} / {} / {} / {}",
+                o.junk_sent,
+                o.junk_invalid_mac1,
+                o.junk_dropped_at_queue,
+                o.junk_dropped_by_kernel,
+                o.junk_dh
             ),
         ),
         (
