@@ -88,6 +88,18 @@ fn headers_agree(pkt: &[u8], v4: bool, l4: usize, proto: u8) -> bool {
     }
 }
 
+/// `payload` cut into `size`-byte segments, the last possibly shorter, each with its
+/// index, its offset and whether it is the last. An empty payload is one empty segment,
+/// so a super-packet never vanishes. `size` is not 0 (checked by `split`).
+fn segments(payload: &[u8], size: usize) -> impl Iterator<Item = (usize, usize, &[u8], bool)> {
+    let n = payload.len().div_ceil(size).max(1);
+    (0..n).map(move |i| {
+        let off = i * size;
+        let data = &payload[off..off + size.min(payload.len() - off)];
+        (i, off, data, i + 1 == n)
+    })
+}
+
 /// The IP header of `head` (`l4` bytes) readied for segment `i` of `total` bytes.
 fn segment_ip_header(h: &mut [u8], l4: usize, id0: u16, i: usize, total: usize) {
     if h[0] >> 4 == 4 {
@@ -115,17 +127,14 @@ fn split_tcp(
     let seq0 = u32::from_be_bytes([head[l4 + 4], head[l4 + 5], head[l4 + 6], head[l4 + 7]]);
     let id0 = u16::from_be_bytes([head[4], head[5]]);
     let flags0 = head[l4 + 13];
-    let nseg = payload.len().div_ceil(mss).max(1);
     let mut h = head.to_vec();
-    for i in 0..nseg {
-        let off = i * mss;
-        let data = &payload[off..off + mss.min(payload.len() - off)];
+    for (i, off, data, last) in segments(payload, mss) {
         let total = hlen + data.len();
         segment_ip_header(&mut h, l4, id0, i, total);
         h[l4 + 4..l4 + 8].copy_from_slice(&seq0.wrapping_add(off as u32).to_be_bytes());
         // FIN and PSH belong to the last segment only, CWR to the first only.
         let mut flags = flags0;
-        if i + 1 < nseg {
+        if !last {
             flags &= !(0x01 | 0x08);
         }
         if i > 0 {
@@ -151,10 +160,7 @@ fn split_udp(l4: usize, size: usize, pkt: &[u8], mut emit: impl FnMut(&[u8], &[u
     let (head, payload) = pkt.split_at(hlen);
     let id0 = u16::from_be_bytes([head[4], head[5]]);
     let mut h = head.to_vec();
-    // An empty payload still makes one (empty) datagram, as for TCP.
-    for i in 0..payload.len().div_ceil(size).max(1) {
-        let off = i * size;
-        let data = &payload[off..off + size.min(payload.len() - off)];
+    for (i, _, data, _) in segments(payload, size) {
         let total = hlen + data.len();
         segment_ip_header(&mut h, l4, id0, i, total);
         let udp_len = (8 + data.len()) as u16;
