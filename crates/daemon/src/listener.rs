@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 use wirelane_dataplane::Device;
 use wirelane_io::poll::{wait_readable, Ready};
 
@@ -29,16 +30,45 @@ pub fn socket_path(ifname: &str) -> PathBuf {
     Path::new(SOCKET_DIR).join(format!("{ifname}.sock"))
 }
 
+/// How long a new daemon waits for an earlier owner of its interface to finish exiting.
+/// An exiting daemon removes its socket first, within a millisecond of deciding to
+/// stop, and its TUN once its threads are joined (a few milliseconds more).
+pub const EXITING_OWNER_WAIT: Duration = Duration::from_secs(1);
+
 /// Fails if a live process already answers on this interface's UAPI socket.
+///
+/// Race: right after `ip link del IFNAME` the old daemon may still be answering for the
+/// instant it takes to notice; so may one that got SIGTERM. Each removes its socket as
+/// its first step of stopping, so a socket that stays connectable past
+/// [`EXITING_OWNER_WAIT`] belongs to a live owner.
 pub fn ensure_not_served(ifname: &str) -> io::Result<()> {
     let path = socket_path(ifname);
-    if UnixStream::connect(&path).is_ok() {
-        return Err(io::Error::new(
-            io::ErrorKind::AddrInUse,
-            format!("{} is already served by another process", path.display()),
-        ));
+    let deadline = Instant::now() + EXITING_OWNER_WAIT;
+    while UnixStream::connect(&path).is_ok() {
+        if Instant::now() >= deadline {
+            return Err(io::Error::new(
+                io::ErrorKind::AddrInUse,
+                format!("{} is already served by another process", path.display()),
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(5));
     }
     Ok(())
+}
+
+/// Runs `create` again while it fails with EBUSY, for at most [`EXITING_OWNER_WAIT`]: a
+/// TUN interface of this name may still be held by a daemon that removed its socket and
+/// is closing its descriptors.
+pub fn retry_while_exiting<T>(mut create: impl FnMut() -> io::Result<T>) -> io::Result<T> {
+    let deadline = Instant::now() + EXITING_OWNER_WAIT;
+    loop {
+        match create() {
+            Err(e) if e.raw_os_error() == Some(libc::EBUSY) && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            other => return other,
+        }
+    }
 }
 
 impl UapiListener {

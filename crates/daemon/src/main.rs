@@ -167,7 +167,7 @@ fn run(cli: &Cli, readiness: &mut daemonize::Readiness) -> Result<(), String> {
     let sig = signal_fd().map_err(|e| format!("cannot set up signal handling: {e}"))?;
     // Refuse before touching the interface if another process already serves it.
     listener::ensure_not_served(&cli.ifname).map_err(|e| e.to_string())?;
-    let tun = Tun::create(&cli.ifname, !cli.no_offloads)
+    let tun = listener::retry_while_exiting(|| Tun::create(&cli.ifname, !cli.no_offloads))
         .map_err(|e| format!("cannot create TUN interface '{}': {e}", cli.ifname))?;
     let sockets = Sockets::bind(0, 0).map_err(|e| format!("cannot bind UDP sockets: {e}"))?;
     let dev = Device::new(tun, sockets).map_err(|e| format!("cannot create device: {e}"))?;
@@ -207,10 +207,12 @@ fn run(cli: &Cli, readiness: &mut daemonize::Readiness) -> Result<(), String> {
         Stop::SocketRemoved => tracing::info!("UAPI socket was removed; shutting down"),
         Stop::DeviceFailed(why) => tracing::info!(reason = %why, "shutting down"),
     }
+    // The socket goes first: from here on a new daemon for this interface (a restart,
+    // `wg-quick down; wg-quick up`) finds the name free, while the threads below stop.
+    uapi.remove();
     running.stop();
     tracing::info!(stats = ?dev.stats, "final interface counters");
     let _ = accept.join();
-    uapi.remove();
     // The TUN interface disappears when its last descriptor closes with the device.
     drop(Arc::try_unwrap(dev).ok());
     Ok(())

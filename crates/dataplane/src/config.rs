@@ -180,6 +180,13 @@ impl Device {
     }
 
     fn change_identity(&self, table: &mut crate::device::PeerTable, key: [u8; 32]) {
+        // Keys are kept clamped; setting the unclamped form of the current key changes
+        // nothing, as in the kernel.
+        let key = if key == [0; 32] {
+            key
+        } else {
+            wirelane_proto::crypto::clamp_private(key)
+        };
         let current = self.identity().map(|i| i.private_bytes());
         if current == Some(key) || (current.is_none() && key == [0; 32]) {
             return;

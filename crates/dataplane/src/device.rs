@@ -236,6 +236,10 @@ pub struct Device {
     mtu: AtomicU32,
     pub stats: Stats,
     stopping: AtomicBool,
+    /// Dropped by [`Device::stop`]: every thread that blocks on a channel also selects
+    /// on `stop_rx`, whose disconnection wakes it at once.
+    stop_tx: Mutex<Option<Sender<()>>>,
+    pub(crate) stop_rx: Receiver<()>,
     pub waker: Waker,
     /// Why the device stopped on its own (the TUN went away), if it did.
     pub fatal: Mutex<Option<String>>,
@@ -280,6 +284,7 @@ impl Device {
         let (handshake_tx, handshake_rx) = crossbeam_channel::bounded(MAX_QUEUED_HANDSHAKES);
         let (cookie_lane_tx, cookie_lane_rx) =
             crossbeam_channel::bounded(MAX_QUEUED_HANDSHAKES / 4);
+        let (stop_tx, stop_rx) = crossbeam_channel::bounded(0);
         let mtu = tun.mtu().unwrap_or(wirelane_io::tun::DEFAULT_MTU);
         // 512 buffers (1 MiB), half of one peer's queue bound (MAX_QUEUED_PACKETS), so
         // a first burst finds buffers ready.
@@ -305,6 +310,8 @@ impl Device {
             mtu: AtomicU32::new(mtu),
             stats: Stats::default(),
             stopping: AtomicBool::new(false),
+            stop_tx: Mutex::new(Some(stop_tx)),
+            stop_rx,
             waker: Waker::new()?,
             fatal: Mutex::new(None),
         }))
@@ -568,9 +575,15 @@ impl Device {
         self.stopping.load(Ordering::SeqCst)
     }
 
+    /// Wakes every thread of the device: pollers through the waker, channel waiters
+    /// through the stop channel's disconnection.
     pub fn stop(&self) {
         self.stopping.store(true, Ordering::SeqCst);
         self.waker.wake();
+        self.stop_tx
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
     }
 
     /// Stops the device because something it depends on failed.

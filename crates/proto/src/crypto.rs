@@ -360,6 +360,16 @@ pub fn dh(private: &x25519_dalek::StaticSecret, public: &[u8; KEY_LEN]) -> Optio
     }
 }
 
+/// A Curve25519 private key in the form X25519 uses it (RFC 7748 §5): the low three
+/// bits cleared, the top bit cleared and the next one set. The public key is the same
+/// either way; the kernel and wireguard-go store and report keys in this form, so
+/// `wg showconf` round-trips the same text everywhere.
+pub fn clamp_private(mut key: [u8; KEY_LEN]) -> [u8; KEY_LEN] {
+    key[0] &= 248;
+    key[31] = (key[31] & 127) | 64;
+    key
+}
+
 /// Derives the public key of a private key.
 pub fn public_key(private: &x25519_dalek::StaticSecret) -> [u8; KEY_LEN] {
     x25519_dalek::PublicKey::from(private).to_bytes()
@@ -389,6 +399,21 @@ mod tests {
             .map(|b| format!("{b:02x}"))
             .collect();
         assert_eq!(hex, expect);
+    }
+
+    /// RFC 7748 §5's clamping, and the public key it leaves unchanged.
+    #[test]
+    fn clamping_keeps_the_public_key_and_is_idempotent() {
+        let raw = [0xffu8; KEY_LEN];
+        let clamped = clamp_private(raw);
+        assert_eq!(clamped[0], 0xf8);
+        assert_eq!(clamped[31], 0x7f);
+        assert_eq!(clamped[1..31], raw[1..31]);
+        assert_eq!(clamp_private(clamped), clamped);
+        let low = clamp_private([0u8; KEY_LEN]);
+        assert_eq!((low[0], low[31]), (0, 0x40));
+        let pk = |k| public_key(&x25519_dalek::StaticSecret::from(k));
+        assert_eq!(pk(raw), pk(clamped));
     }
 
     #[test]

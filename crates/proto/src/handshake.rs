@@ -61,8 +61,10 @@ pub struct LocalIdentity {
 }
 
 impl LocalIdentity {
+    /// Takes the key clamped (see [`crypto::clamp_private`]), so that
+    /// [`LocalIdentity::private_bytes`] reports what the kernel would.
     pub fn new(private: [u8; KEY_LEN]) -> Self {
-        let secret = StaticSecret::from(private);
+        let secret = StaticSecret::from(crypto::clamp_private(private));
         let public = crypto::public_key(&secret);
         LocalIdentity {
             mac1_key: crypto::hash(&[LABEL_MAC1, &public]),

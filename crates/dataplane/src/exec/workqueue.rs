@@ -10,7 +10,6 @@ use super::Work;
 use crate::device::{Device, SocketRole};
 use crate::packet::MAX_BATCH;
 use crate::stages;
-use crossbeam_channel::RecvTimeoutError;
 use std::cell::Cell;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -18,7 +17,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use wirelane_io::poll::{wait_readable, Ready};
 
-/// How often idle loops look at the stop flag when nothing else wakes them.
+/// How often an idle UDP reader looks for sockets a UAPI rebind replaced. Stopping
+/// never waits for it: the device's waker wakes every poller at once.
 const IDLE_CHECK: Duration = Duration::from_millis(200);
 /// Longest a reader waits for room in a peer's queue before dropping.
 const BACKPRESSURE_WAIT: Duration = Duration::from_millis(100);
@@ -73,12 +73,18 @@ pub fn start(dev: Arc<Device>, workers: usize) -> std::io::Result<Running> {
 
 fn worker(dev: &Device) {
     loop {
-        match dev.work_rx.recv_timeout(IDLE_CHECK) {
-            Ok(w) => run(dev, w),
-            Err(RecvTimeoutError::Timeout) if dev.stopping() => return,
-            Err(RecvTimeoutError::Timeout) => {}
-            Err(RecvTimeoutError::Disconnected) => return,
-        }
+        // Work first: a queued item is taken without touching the stop channel.
+        let w = match dev.work_rx.try_recv() {
+            Ok(w) => w,
+            Err(_) => crossbeam_channel::select! {
+                recv(dev.work_rx) -> w => match w {
+                    Ok(w) => w,
+                    Err(_) => return,
+                },
+                recv(dev.stop_rx) -> _ => return,
+            },
+        };
+        run(dev, w);
     }
 }
 
@@ -227,12 +233,14 @@ fn handshake_worker(dev: &Device) {
             Ok(job) => stages::handshake::process(dev, job),
             Err(_) if dev.stopping() => return,
             Err(_) => {
-                // Both empty: sleep until either has something. The device holds both
-                // senders, so neither channel can disconnect while we run.
+                // Both empty: sleep until either has something, or the device stops
+                // (the stop channel disconnects). The device holds both lanes'
+                // senders, so neither of them can disconnect while we run.
                 let mut sel = crossbeam_channel::Select::new();
                 sel.recv(&dev.cookie_lane_rx);
                 sel.recv(&dev.handshake_rx);
-                let _ = sel.ready_timeout(IDLE_CHECK);
+                sel.recv(&dev.stop_rx);
+                let _ = sel.ready();
             }
         }
     }

@@ -1,0 +1,155 @@
+//! Where users can tell wirelane from kernel WireGuard: each test reproduces one
+//! behaviour of the kernel (its selftest, `tools/testing/selftests/wireguard/netns.sh`,
+//! checks most of them) with namespaces of our own.
+
+mod common;
+use common::*;
+use std::os::unix::fs::PermissionsExt;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn wait_until(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if cond() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    panic!("timed out waiting for {what}");
+}
+
+/// A foreground wirelane for `ifname` in `ns`, as a child of the test.
+fn spawn_foreground(ns: &Netns, ifname: &str) -> std::process::Child {
+    Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &ns.name,
+            env!("CARGO_BIN_EXE_wirelane"),
+            "-f",
+        ])
+        .arg(ifname)
+        .env("LOG_LEVEL", "error")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn wirelane")
+}
+
+/// Waits until the daemon serves its socket, or panics with its error output.
+fn wait_serving(child: &mut std::process::Child, ifname: &str) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while Instant::now() < deadline {
+        if std::os::unix::net::UnixStream::connect(socket_path(ifname)).is_ok() {
+            return;
+        }
+        if let Some(st) = child.try_wait().unwrap() {
+            let mut err = String::new();
+            use std::io::Read;
+            let _ = child.stderr.take().unwrap().read_to_string(&mut err);
+            panic!("wirelane exited during start-up ({st}): {err}");
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    panic!("wirelane did not serve {ifname} in time");
+}
+
+/// `ip link del IF` followed at once by a new daemon for the same name: what
+/// `systemctl restart` of a tunnel does. The old daemon is still exiting when the new
+/// one starts; the new one must come up every time.
+#[test]
+fn restart_right_after_the_interface_is_deleted() {
+    require_root();
+    let ns = Netns::new();
+    let ifname = unique("wr");
+    let mut old = spawn_foreground(&ns, &ifname);
+    wait_serving(&mut old, &ifname);
+    for round in 0..20 {
+        ns.run(&format!("ip link del {ifname}"));
+        let mut new = spawn_foreground(&ns, &ifname);
+        wait_serving(&mut new, &ifname);
+        let status = old.wait().unwrap();
+        assert!(
+            status.success(),
+            "round {round}: the old daemon exited {status}"
+        );
+        // The new daemon owns the name: interface, socket and configuration work.
+        ns.run(&format!(
+            "ip link show {ifname} && wg set {ifname} listen-port 0"
+        ));
+        old = new;
+    }
+    ns.run(&format!("ip link del {ifname}"));
+    assert!(old.wait().unwrap().success());
+}
+
+/// `wg-quick down` then `wg-quick up`, twenty times, with wirelane as the user-space
+/// implementation.
+#[test]
+fn wg_quick_down_then_up_twenty_times() {
+    require_root();
+    let ns = Netns::new();
+    let ifname = unique("wq");
+    let dir = std::env::temp_dir().join(unique("wqr"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let conf = dir.join(format!("{ifname}.conf"));
+    let keys = genkeys();
+    std::fs::write(
+        &conf,
+        format!(
+            "[Interface]\nPrivateKey = {}\nAddress = 10.79.0.1/24\nListenPort = 51820\n",
+            keys.private
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&conf, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let bin = env!("CARGO_BIN_EXE_wirelane");
+    let quick = |verb: &str| {
+        ns.run(&format!(
+            "WG_QUICK_USERSPACE_IMPLEMENTATION={bin} wg-quick {verb} {} 2>&1",
+            conf.display()
+        ))
+    };
+    quick("up");
+    for _ in 0..20 {
+        quick("down");
+        quick("up");
+        let shown = ns.run(&format!("wg show {ifname} listen-port"));
+        assert_eq!(shown.trim(), "51820");
+    }
+    quick("down");
+    wait_until("the last daemon to exit", Duration::from_secs(10), || {
+        sh_ok(&format!("ip netns pids {}", ns.name))
+            .trim()
+            .is_empty()
+    });
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The kernel stores private keys clamped (RFC 7748 §5) and reports them so: an
+/// unclamped key set through the UAPI comes back clamped, as the kernel selftest checks
+/// with `wg set wg0 private-key <(echo "/${key1:1}")`.
+#[test]
+fn private_keys_are_reported_clamped() {
+    require_root();
+    let ns = Netns::new();
+    let d = Daemon::start(Impl::Wirelane, &ns);
+    let keys = genkeys();
+    // genkey's output is clamped, so its first byte's low three bits are clear; '/'
+    // sets the highest of them (and all above), '+' is the same with it cleared.
+    let unclamped = format!("/{}", &keys.private[1..]);
+    let path = std::env::temp_dir().join(format!("{}.key", d.ifname));
+    std::fs::write(&path, &unclamped).unwrap();
+    d.wg(&format!("set IF private-key {}", path.display()));
+    let shown = d.wg("show IF private-key");
+    assert_eq!(shown.trim(), format!("+{}", &keys.private[1..]));
+    // The public key is the clamped key's, which is the unclamped key's too.
+    let public = sh_ok(&format!("echo '{unclamped}' | wg pubkey"));
+    assert_eq!(d.wg("show IF public-key").trim(), public.trim());
+    // Setting the unclamped form of the current key again changes nothing.
+    d.wg(&format!("set IF private-key {}", path.display()));
+    assert_eq!(d.wg("show IF private-key").trim(), shown.trim());
+    let _ = std::fs::remove_file(path);
+}
