@@ -5,6 +5,7 @@
 //! Nothing holds a lock across crypto, and only the UAPI takes `table` for writing.
 
 use crate::exec::Work;
+use crate::netwatch::NetWatch;
 use crate::packet::Packet;
 use crate::peer::Peer;
 use crate::stages;
@@ -15,12 +16,12 @@ use std::cell::RefCell;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant, SystemTime};
 use wirelane_io::poll::Waker;
 use wirelane_io::tun::Tun;
-use wirelane_io::udp::{ProofRule, Steering, UdpSocket};
+use wirelane_io::udp::{LocalAddr, ProofRule, Steering, UdpSocket};
 use wirelane_proto::cookie::Gate;
 use wirelane_proto::crypto::KeystreamRng;
 use wirelane_proto::messages::Kind;
@@ -44,6 +45,8 @@ pub struct HandshakeJob {
     pub kind: Kind,
     pub bytes: Vec<u8>,
     pub src: SocketAddr,
+    /// Where it arrived: the peer's sticky source once the message authenticates.
+    pub local: Option<LocalAddr>,
 }
 
 /// Peers by key and by id, plus the routing table over ids.
@@ -233,7 +236,8 @@ pub struct Device {
     /// The gate's cookie replies per [`UNDER_LOAD_AFTER`], which keep a flood under load.
     pub(crate) cookie_reply_rate: crate::stages::gate::ReplyRate,
     timers: Mutex<BinaryHeap<Reverse<(u64, u32)>>>,
-    mtu: AtomicU32,
+    /// The device's place, MTU and addresses, and the sockets' routing generation.
+    pub netwatch: NetWatch,
     pub stats: Stats,
     stopping: AtomicBool,
     /// Dropped by [`Device::stop`]: every thread that blocks on a channel also selects
@@ -285,7 +289,7 @@ impl Device {
         let (cookie_lane_tx, cookie_lane_rx) =
             crossbeam_channel::bounded(MAX_QUEUED_HANDSHAKES / 4);
         let (stop_tx, stop_rx) = crossbeam_channel::bounded(0);
-        let mtu = tun.mtu().unwrap_or(wirelane_io::tun::DEFAULT_MTU);
+        let netwatch = NetWatch::new(&tun);
         // 512 buffers (1 MiB), half of one peer's queue bound (MAX_QUEUED_PACKETS), so
         // a first burst finds buffers ready.
         crate::pool::prefill(8);
@@ -307,7 +311,7 @@ impl Device {
             last_under_load_ns: AtomicU64::new(0),
             cookie_reply_rate: Default::default(),
             timers: Mutex::new(BinaryHeap::new()),
-            mtu: AtomicU32::new(mtu),
+            netwatch,
             stats: Stats::default(),
             stopping: AtomicBool::new(false),
             stop_tx: Mutex::new(Some(stop_tx)),
@@ -383,13 +387,7 @@ impl Device {
     }
 
     pub fn mtu(&self) -> usize {
-        self.mtu.load(Ordering::Relaxed) as usize
-    }
-
-    pub(crate) fn refresh_mtu(&self) {
-        if let Ok(m) = self.tun.mtu() {
-            self.mtu.store(m, Ordering::Relaxed);
-        }
+        self.netwatch.mtu()
     }
 
     // --- work submission ---
@@ -404,7 +402,13 @@ impl Device {
 
     /// Queues a copy of a handshake message the gate admitted, or a cookie reply
     /// received; drops it when its lane is full.
-    pub(crate) fn queue_handshake(&self, kind: Kind, bytes: &[u8], src: SocketAddr) {
+    pub(crate) fn queue_handshake(
+        &self,
+        kind: Kind,
+        bytes: &[u8],
+        src: SocketAddr,
+        local: Option<LocalAddr>,
+    ) {
         if self.handshake_queue_len() >= UNDER_LOAD_THRESHOLD {
             self.renew_under_load();
         }
@@ -424,6 +428,7 @@ impl Device {
                     kind,
                     bytes: bytes.to_vec(),
                     src,
+                    local,
                 })
                 .is_ok();
         if !queued {
@@ -554,15 +559,33 @@ impl Device {
         }
     }
 
+    /// The local address to send to `endpoint` from: the peer's sticky source while it
+    /// is usable (checked once per `NetWatch` generation), else None (the route's
+    /// choice).
+    pub fn source_for(&self, peer: &Peer, endpoint: SocketAddr) -> Option<LocalAddr> {
+        let sticky = peer.sticky_source(endpoint)?;
+        let generation = self.netwatch.generation();
+        if sticky.checked == generation {
+            return Some(sticky.local);
+        }
+        let fwmark = self.sockets().fwmark;
+        let usable = self
+            .netwatch
+            .source_usable(&endpoint, &sticky.local, fwmark);
+        peer.checked_source(sticky, usable, generation);
+        usable.then_some(sticky.local)
+    }
+
     /// Sends one datagram to the peer's current endpoint, if it has one.
     pub fn send_to_peer(&self, peer: &Peer, bytes: &[u8]) {
         let Some(ep) = peer.state().endpoint() else {
             self.stats.tx_no_endpoint.fetch_add(1, Ordering::Relaxed);
             return;
         };
+        let src = self.source_for(peer, ep);
         let sockets = self.sockets();
         if let Some(s) = sockets.for_destination(&ep) {
-            if s.send_to(bytes, &ep).is_ok() {
+            if s.send_from(bytes, &ep, src).is_ok() {
                 peer.tx_bytes
                     .fetch_add(bytes.len() as u64, Ordering::Relaxed);
             }

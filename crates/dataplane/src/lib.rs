@@ -5,6 +5,7 @@ pub mod config;
 pub mod device;
 pub mod exec;
 pub mod inner;
+pub mod netwatch;
 pub mod packet;
 pub mod peer;
 pub mod pool;

@@ -9,6 +9,7 @@
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use wirelane_io::udp::LocalAddr;
 use wirelane_proto::messages::TRANSPORT_HEADER_LEN;
 use wirelane_proto::Keypair;
 
@@ -31,6 +32,8 @@ pub struct Packet {
     pub counter: u64,
     /// RX: the datagram's source. TX: unused.
     pub src: Option<SocketAddr>,
+    /// RX: the local address and interface it arrived at, where the kernel said.
+    pub local: Option<LocalAddr>,
     /// Set by the crypt stage: the packet authenticated (RX) or was sealed (TX).
     pub ok: bool,
 }
@@ -48,6 +51,7 @@ impl Packet {
             len: 0,
             counter: 0,
             src: None,
+            local: None,
             ok: false,
         }
     }
@@ -66,14 +70,15 @@ impl Packet {
         p
     }
 
-    /// A received datagram from `src`, kept at the start of the buffer.
-    pub fn from_datagram(dgram: &[u8], src: SocketAddr) -> Packet {
+    /// A received datagram from `src` to `local`, kept at the start of the buffer.
+    pub fn from_datagram(dgram: &[u8], src: SocketAddr, local: Option<LocalAddr>) -> Packet {
         // Room for a plaintext of the datagram's length less header and tag is room for
         // the datagram itself.
         let mut p = Packet::with_capacity(dgram.len().saturating_sub(HEADROOM + TAILROOM));
         p.buf[..dgram.len()].copy_from_slice(dgram);
         p.len = dgram.len();
         p.src = Some(src);
+        p.local = local;
         p
     }
 

@@ -7,8 +7,10 @@
 use crate::packet::Packet;
 use crate::queue::OrderedQueue;
 use std::collections::VecDeque;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
+use wirelane_io::udp::LocalAddr;
 use wirelane_proto::PeerState;
 
 /// Most packets a peer without a session holds while its handshake runs (the kernel's
@@ -29,7 +31,25 @@ pub struct Peer {
     /// Deadline (ns on the device clock) of the entry this peer has in the timer queue;
     /// `u64::MAX` when it has none.
     pub timer_at: AtomicU64,
+    /// The local end its authenticated packets arrive at, to send from.
+    sticky: Mutex<Option<StickySource>>,
 }
+
+/// A sticky source: the local address (and interface) that the peer's authenticated
+/// packets from `endpoint` arrive at. Replies leave from it, so a peer that chose one
+/// of several addresses, or sits behind NAT or a firewall that pins it, is answered
+/// from the address it expects. It applies only while the peer's endpoint is still
+/// `endpoint`: a new endpoint set by `wg` starts without one, as in the kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StickySource {
+    pub endpoint: SocketAddr,
+    pub local: LocalAddr,
+    /// The `NetWatch` generation it was last found usable in.
+    pub checked: u64,
+}
+
+/// `StickySource::checked` of a source never checked: newly learnt.
+pub const UNCHECKED: u64 = 0;
 
 impl Peer {
     pub fn new(id: u32, public_key: [u8; 32], psk: [u8; 32]) -> Peer {
@@ -44,6 +64,7 @@ impl Peer {
             tx_bytes: AtomicU64::new(0),
             removed: AtomicBool::new(false),
             timer_at: AtomicU64::new(u64::MAX),
+            sticky: Mutex::new(None),
         }
     }
 
@@ -72,6 +93,46 @@ impl Peer {
 
     pub fn staged_len(&self) -> usize {
         self.staged.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    /// Remembers that an authenticated packet from `endpoint` arrived at `local`. A
+    /// source unchanged keeps its check; a new one is checked before its first use.
+    pub fn learn_source(&self, endpoint: SocketAddr, local: Option<LocalAddr>) {
+        let mut s = self.sticky.lock().unwrap_or_else(|p| p.into_inner());
+        match (local, s.as_ref()) {
+            (Some(l), Some(cur)) if cur.endpoint == endpoint && cur.local == l => {}
+            (Some(local), _) => {
+                *s = Some(StickySource {
+                    endpoint,
+                    local,
+                    checked: UNCHECKED,
+                })
+            }
+            (None, _) => *s = None,
+        }
+    }
+
+    /// The sticky source for sending to `endpoint`, if there is one.
+    pub fn sticky_source(&self, endpoint: SocketAddr) -> Option<StickySource> {
+        let s = self.sticky.lock().unwrap_or_else(|p| p.into_inner());
+        s.filter(|s| s.endpoint == endpoint)
+    }
+
+    /// Records the outcome of checking `was`: still usable in `generation`, or gone.
+    /// A source learnt meanwhile is left alone.
+    pub fn checked_source(&self, was: StickySource, usable: bool, generation: u64) {
+        let mut s = self.sticky.lock().unwrap_or_else(|p| p.into_inner());
+        if *s == Some(was) {
+            *s = usable.then_some(StickySource {
+                checked: generation,
+                ..was
+            });
+        }
+    }
+
+    /// Forgets the sticky source (a handshake retry: the source may be the trouble).
+    pub fn forget_source(&self) {
+        *self.sticky.lock().unwrap_or_else(|p| p.into_inner()) = None;
     }
 
     pub fn mark_removed(&self) {

@@ -18,6 +18,16 @@ pub struct Tun {
     uso: bool,
 }
 
+/// `TUNGETDEVNETNS` from `linux/if_tun.h`: `_IO('T', 227)`.
+const TUNGETDEVNETNS: libc::c_ulong = 0x54e3;
+
+fn fstat_ino(fd: RawFd) -> io::Result<u64> {
+    // SAFETY: stat is plain data; fstat fills it for a valid descriptor.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    cvt(unsafe { libc::fstat(fd, &mut st) })?;
+    Ok(st.st_ino)
+}
+
 /// `TUN_F_USO4` and `TUN_F_USO6` from `linux/if_tun.h` (libc lacks them). The kernel
 /// takes them only together.
 const TUN_F_USO: libc::c_uint = 0x20 | 0x40;
@@ -144,6 +154,36 @@ impl Tun {
         self.fd.as_raw_fd()
     }
 
+    /// The interface's name now (`ip link set … name` may have changed it).
+    pub fn current_name(&self) -> io::Result<String> {
+        // SAFETY: ifreq is plain old data; all-zero is a valid value.
+        let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+        // SAFETY: TUNGETIFF fills the ifreq it is given.
+        cvt(unsafe { libc::ioctl(self.fd.as_raw_fd(), libc::TUNGETIFF as _, &mut req) })?;
+        // SAFETY: the kernel wrote a NUL-terminated name into ifr_name.
+        Ok(unsafe { CStr::from_ptr(req.ifr_name.as_ptr()) }
+            .to_string_lossy()
+            .into_owned())
+    }
+
+    /// The network namespace the interface lives in now, which `ip link set … netns`
+    /// may have changed since it was created (`TUNGETDEVNETNS`, needs CAP_NET_ADMIN).
+    pub fn netns(&self) -> io::Result<OwnedFd> {
+        // SAFETY: TUNGETDEVNETNS takes no argument and returns a new descriptor.
+        let fd = cvt(unsafe { libc::ioctl(self.fd.as_raw_fd(), TUNGETDEVNETNS as _) })?;
+        // SAFETY: the descriptor is new and ours.
+        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    }
+
+    /// Whether the interface lives in the calling thread's network namespace.
+    pub fn in_own_netns(&self) -> io::Result<bool> {
+        let theirs = fstat_ino(self.netns()?.as_raw_fd())?;
+        let ours = std::fs::metadata("/proc/thread-self/ns/net")?;
+        Ok(theirs == std::os::unix::fs::MetadataExt::ino(&ours))
+    }
+
+    /// The MTU, asked by name in the calling thread's namespace: right only while the
+    /// interface lives there (the data plane follows moves through rtnetlink).
     pub fn mtu(&self) -> io::Result<u32> {
         let mut req = ifreq_with_name(&self.name)?;
         if_ioctl(&mut req, libc::SIOCGIFMTU)?;

@@ -4,10 +4,10 @@
 //! by their first byte (`bind_steered`); the IPv6 sockets are V6ONLY so both families
 //! can share a port.
 
-use crate::{cvt, cvt_size};
+use crate::cvt;
 use std::io;
 use std::mem::{size_of, size_of_val, zeroed};
-use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 /// Socket buffer size we ask for; large buffers absorb bursts between batches.
@@ -32,6 +32,112 @@ const SK_MEMINFO_VARS: usize = 9;
 pub const GSO_MAX_SEGMENTS: usize = 64;
 /// Most bytes one GSO send may carry.
 pub const GSO_MAX_BYTES: usize = 65507;
+
+/// The local end of a received datagram: the address it was sent to and the interface
+/// it arrived on (`IP_PKTINFO` / `IPV6_PKTINFO`). Sending with it as the source answers
+/// from the address the peer chose, as the kernel's WireGuard does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LocalAddr {
+    pub ip: IpAddr,
+    pub ifindex: u32,
+}
+
+/// Control space for one send: a `UDP_SEGMENT` and a source, each with its header.
+type SendControl = [u64; 8];
+
+/// Appends a source-address control message for `src` at `at` in `control`; returns
+/// the new end. The interface is left to the route lookup (0): a source only picks the
+/// address, so a route that changed still decides where the datagram leaves.
+fn put_source(control: &mut SendControl, at: usize, src: &LocalAddr) -> usize {
+    let buf: &mut [u8] = bytemuck_u64(control);
+    let (level, kind, data): (libc::c_int, libc::c_int, Vec<u8>) = match src.ip {
+        IpAddr::V4(a) => {
+            // struct in_pktinfo { int ifindex; in_addr spec_dst; in_addr addr; }
+            let mut d = vec![0u8; 12];
+            d[4..8].copy_from_slice(&a.octets());
+            (libc::IPPROTO_IP, libc::IP_PKTINFO, d)
+        }
+        IpAddr::V6(a) => {
+            // struct in6_pktinfo { in6_addr addr; int ifindex; }
+            let mut d = vec![0u8; 20];
+            d[..16].copy_from_slice(&a.octets());
+            (libc::IPPROTO_IPV6, libc::IPV6_PKTINFO, d)
+        }
+    };
+    put_cmsg(buf, at, level, kind, &data)
+}
+
+/// Appends one control message; returns the new end of the control data.
+fn put_cmsg(
+    buf: &mut [u8],
+    at: usize,
+    level: libc::c_int,
+    kind: libc::c_int,
+    data: &[u8],
+) -> usize {
+    let hdr = size_of::<libc::cmsghdr>();
+    // SAFETY: CMSG_LEN/CMSG_SPACE are pure computations.
+    let (len, space) = unsafe {
+        (
+            libc::CMSG_LEN(data.len() as u32) as usize,
+            libc::CMSG_SPACE(data.len() as u32) as usize,
+        )
+    };
+    let mut c: libc::cmsghdr = unsafe { zeroed() };
+    c.cmsg_len = len as _;
+    c.cmsg_level = level;
+    c.cmsg_type = kind;
+    // SAFETY: cmsghdr is plain data; its bytes are copied into the buffer, which the
+    // caller sized for every message it adds (SendControl holds the largest pair).
+    let raw = unsafe { std::slice::from_raw_parts(&c as *const _ as *const u8, hdr) };
+    buf[at..at + hdr].copy_from_slice(raw);
+    buf[at + hdr..at + hdr + data.len()].copy_from_slice(data);
+    at + space
+}
+
+/// How the kernel refuses a source address that is not (or no longer) local: IPv4's
+/// route lookup answers ENETUNREACH, IPv6's control-message check EINVAL. A datagram
+/// refused so is sent again without its source; one that truly has no route fails
+/// again then.
+fn source_refused(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EINVAL | libc::ENETUNREACH))
+}
+
+/// The bytes of a u64-aligned control buffer.
+fn bytemuck_u64(c: &mut SendControl) -> &mut [u8] {
+    // SAFETY: any bytes are valid u64s and vice versa; the length is the array's.
+    unsafe { std::slice::from_raw_parts_mut(c.as_mut_ptr().cast(), size_of::<SendControl>()) }
+}
+
+/// Reads the local end out of a received message's control data.
+///
+/// # Safety
+/// `hdr` must describe a control buffer the kernel filled.
+unsafe fn local_of(hdr: &libc::msghdr) -> Option<LocalAddr> {
+    let mut c = libc::CMSG_FIRSTHDR(hdr);
+    while !c.is_null() {
+        let data = libc::CMSG_DATA(c);
+        match ((*c).cmsg_level, (*c).cmsg_type) {
+            (libc::IPPROTO_IP, libc::IP_PKTINFO) => {
+                let p = std::ptr::read_unaligned(data as *const libc::in_pktinfo);
+                return Some(LocalAddr {
+                    ip: IpAddr::V4(Ipv4Addr::from(p.ipi_addr.s_addr.to_ne_bytes())),
+                    ifindex: p.ipi_ifindex as u32,
+                });
+            }
+            (libc::IPPROTO_IPV6, libc::IPV6_PKTINFO) => {
+                let p = std::ptr::read_unaligned(data as *const libc::in6_pktinfo);
+                return Some(LocalAddr {
+                    ip: IpAddr::V6(Ipv6Addr::from(p.ipi6_addr.s6_addr)),
+                    ifindex: p.ipi6_ifindex,
+                });
+            }
+            _ => {}
+        }
+        c = libc::CMSG_NXTHDR(hdr, c);
+    }
+    None
+}
 
 fn to_sockaddr(addr: &SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
     // SAFETY: sockaddr_storage is plain data; zero is valid.
@@ -300,6 +406,9 @@ impl UdpSocket {
         let raw = fd.as_raw_fd();
         if v6 {
             setsockopt_int(raw, libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, 1)?;
+            setsockopt_int(raw, libc::IPPROTO_IPV6, libc::IPV6_RECVPKTINFO, 1)?;
+        } else {
+            setsockopt_int(raw, libc::IPPROTO_IP, libc::IP_PKTINFO, 1)?;
         }
         // Forced sizes need CAP_NET_ADMIN; fall back to the capped ones without it.
         for (force, plain) in [
@@ -407,6 +516,8 @@ impl UdpSocket {
             batch.segs[i] = 0;
             // SAFETY: the kernel filled msg_control/msg_controllen; the CMSG macros walk
             // only within that buffer.
+            batch.locals[i] = unsafe { local_of(&hdr.msg_hdr) };
+            // SAFETY: as above.
             unsafe {
                 let mut c = libc::CMSG_FIRSTHDR(&hdr.msg_hdr);
                 while !c.is_null() {
@@ -422,39 +533,59 @@ impl UdpSocket {
         Ok(got)
     }
 
-    /// Sends each `(payload, destination)`; returns how many the kernel took. A full send
-    /// buffer is waited out (backpressure for the data path); an unreachable
-    /// destination fails only its own datagram. Stops at the first other failure.
-    pub fn send_batch(&self, msgs: &[(&[u8], SocketAddr)]) -> io::Result<usize> {
-        self.send_mmsg(msgs, true)
+    /// Sends each `(payload, destination)` from `src` (None: the route's choice);
+    /// returns how many the kernel took. A full send buffer is waited out
+    /// (backpressure for the data path); an unreachable destination fails only its own
+    /// datagram. Stops at the first other failure.
+    pub fn send_batch(
+        &self,
+        msgs: &[(&[u8], SocketAddr)],
+        src: Option<LocalAddr>,
+    ) -> io::Result<usize> {
+        let msgs: Vec<_> = msgs.iter().map(|(p, d)| (*p, *d, src)).collect();
+        self.send_mmsg(&msgs, true)
     }
 
-    /// As [`send_batch`](Self::send_batch), but never waits: what does not fit in the
-    /// send buffer is dropped. For answers that are worthless late (cookie replies).
-    pub fn try_send_batch(&self, msgs: &[(&[u8], SocketAddr)]) -> io::Result<usize> {
+    /// Sends each `(payload, destination, source)`, never waiting: what does not fit in
+    /// the send buffer is dropped. For answers that are worthless late (cookie
+    /// replies), each from the address its question arrived at.
+    pub fn try_send_replies(
+        &self,
+        msgs: &[(&[u8], SocketAddr, Option<LocalAddr>)],
+    ) -> io::Result<usize> {
         self.send_mmsg(msgs, false)
     }
 
-    fn send_mmsg(&self, msgs: &[(&[u8], SocketAddr)], wait_for_room: bool) -> io::Result<usize> {
+    fn send_mmsg(
+        &self,
+        msgs: &[(&[u8], SocketAddr, Option<LocalAddr>)],
+        wait_for_room: bool,
+    ) -> io::Result<usize> {
         // `next` is the first datagram not yet handed to the kernel; `accepted` counts
         // only those the kernel took, not those skipped after a failure of their own.
         let (mut next, mut accepted) = (0, 0);
         let mut names: Vec<_> = msgs
             .iter()
-            .map(|(_, dst)| to_sockaddr(&self.map_destination(dst)))
+            .map(|(_, dst, _)| to_sockaddr(&self.map_destination(dst)))
             .collect();
+        let mut controls: Vec<SendControl> = vec![[0; 8]; msgs.len()];
         // SAFETY: zeroed iovec/mmsghdr are valid initial values.
         let mut iovs: Vec<libc::iovec> = vec![unsafe { zeroed() }; msgs.len()];
         let mut hdrs: Vec<libc::mmsghdr> = vec![unsafe { zeroed() }; msgs.len()];
-        for (i, (payload, _)) in msgs.iter().enumerate() {
+        for (i, (payload, _, src)) in msgs.iter().enumerate() {
             iovs[i] = libc::iovec {
                 iov_base: payload.as_ptr() as *mut _,
                 iov_len: payload.len(),
             };
-            hdrs[i].msg_hdr.msg_name = (&mut names[i].0 as *mut libc::sockaddr_storage).cast();
-            hdrs[i].msg_hdr.msg_namelen = names[i].1;
-            hdrs[i].msg_hdr.msg_iov = &mut iovs[i];
-            hdrs[i].msg_hdr.msg_iovlen = 1;
+            let h = &mut hdrs[i].msg_hdr;
+            h.msg_name = (&mut names[i].0 as *mut libc::sockaddr_storage).cast();
+            h.msg_namelen = names[i].1;
+            h.msg_iov = &mut iovs[i];
+            h.msg_iovlen = 1;
+            if let Some(src) = src.filter(|s| s.ip.is_ipv6() == self.v6) {
+                h.msg_controllen = put_source(&mut controls[i], 0, &src) as _;
+                h.msg_control = controls[i].as_mut_ptr().cast();
+            }
         }
         let flags = if wait_for_room { 0 } else { libc::MSG_DONTWAIT };
         while next < msgs.len() {
@@ -474,15 +605,13 @@ impl UdpSocket {
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock && !wait_for_room => break,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    // The send buffer is full: wait for room instead of dropping.
-                    let mut p = libc::pollfd {
-                        fd: self.fd(),
-                        events: libc::POLLOUT,
-                        revents: 0,
-                    };
-                    // SAFETY: one valid pollfd.
-                    unsafe { libc::poll(&mut p, 1, 100) };
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => self.wait_writable(),
+                // The source address is no longer ours (it was just removed): send it
+                // from the route's choice instead. The owner of the source learns of the
+                // removal from rtnetlink and stops asking for it.
+                Err(e) if source_refused(&e) && !hdrs[next].msg_hdr.msg_control.is_null() => {
+                    hdrs[next].msg_hdr.msg_control = std::ptr::null_mut();
+                    hdrs[next].msg_hdr.msg_controllen = 0;
                 }
                 // An unreachable destination fails only its own datagram: skip it.
                 Err(_) if next + 1 < msgs.len() => next += 1,
@@ -490,6 +619,17 @@ impl UdpSocket {
             }
         }
         Ok(accepted)
+    }
+
+    /// Waits (briefly) for room in the send buffer.
+    fn wait_writable(&self) {
+        let mut p = libc::pollfd {
+            fd: self.fd(),
+            events: libc::POLLOUT,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        unsafe { libc::poll(&mut p, 1, 100) };
     }
 
     /// An IPv4 destination on an IPv6 socket is not possible (V6ONLY); callers pick the
@@ -510,16 +650,18 @@ impl UdpSocket {
     }
 
     /// Sends `dgrams` laid end to end, cut by the kernel into datagrams of `segment`
-    /// bytes each (the last may be shorter), with one system call, using UDP_SEGMENT.
-    /// The pieces are gathered straight from the caller's buffers (no copy here); they
-    /// need not be datagram-aligned. At most [`GSO_MAX_SEGMENTS`] pieces and
-    /// [`GSO_MAX_BYTES`] in all. Returns false, having sent nothing, if the kernel refuses
-    /// segmentation offload; the socket then stops trying it.
+    /// bytes each (the last may be shorter), with one system call, using UDP_SEGMENT,
+    /// from `src` (None: the route's choice). The pieces are gathered straight from the
+    /// caller's buffers (no copy here); they need not be datagram-aligned. At most
+    /// [`GSO_MAX_SEGMENTS`] pieces and [`GSO_MAX_BYTES`] in all. Returns false, having
+    /// sent nothing, if the kernel refuses segmentation offload; the socket then stops
+    /// trying it.
     pub fn send_segmented(
         &self,
         dgrams: &[&[u8]],
         segment: u16,
         dst: &SocketAddr,
+        src: Option<LocalAddr>,
     ) -> io::Result<bool> {
         if dgrams.len() > GSO_MAX_SEGMENTS
             || dgrams.iter().map(|d| d.len()).sum::<usize>() > GSO_MAX_BYTES
@@ -530,8 +672,7 @@ impl UdpSocket {
             ));
         }
         let (ss, len) = to_sockaddr(&self.map_destination(dst));
-        // Room for one cmsghdr carrying a u16, aligned as the kernel expects.
-        let mut control = [0u64; 4];
+        let mut control: SendControl = [0; 8];
         let mut iovs = [libc::iovec {
             iov_base: std::ptr::null_mut(),
             iov_len: 0,
@@ -540,6 +681,17 @@ impl UdpSocket {
             iov.iov_base = d.as_ptr() as *mut _;
             iov.iov_len = d.len();
         }
+        let segment_only = put_cmsg(
+            bytemuck_u64(&mut control),
+            0,
+            libc::SOL_UDP,
+            libc::UDP_SEGMENT,
+            &segment.to_ne_bytes(),
+        );
+        let mut with_source = segment_only;
+        if let Some(src) = src.filter(|s| s.ip.is_ipv6() == self.v6) {
+            with_source = put_source(&mut control, segment_only, &src);
+        }
         // SAFETY: zeroed msghdr is valid; every pointer set below refers to live locals.
         let mut msg: libc::msghdr = unsafe { zeroed() };
         msg.msg_name = &ss as *const _ as *mut _;
@@ -547,16 +699,7 @@ impl UdpSocket {
         msg.msg_iov = iovs.as_mut_ptr();
         msg.msg_iovlen = dgrams.len() as _;
         msg.msg_control = control.as_mut_ptr().cast();
-        // SAFETY: CMSG_SPACE is a pure computation.
-        msg.msg_controllen = unsafe { libc::CMSG_SPACE(size_of::<u16>() as u32) } as _;
-        // SAFETY: msg_control points at a zeroed buffer large enough for one cmsg.
-        unsafe {
-            let c = libc::CMSG_FIRSTHDR(&msg);
-            (*c).cmsg_level = libc::SOL_UDP;
-            (*c).cmsg_type = libc::UDP_SEGMENT;
-            (*c).cmsg_len = libc::CMSG_LEN(size_of::<u16>() as u32) as _;
-            std::ptr::write_unaligned(libc::CMSG_DATA(c) as *mut u16, segment);
-        }
+        msg.msg_controllen = with_source as _;
         loop {
             // SAFETY: msg and everything it points to are valid for the call.
             let r = unsafe { libc::sendmsg(self.fd(), &msg, 0) };
@@ -566,14 +709,11 @@ impl UdpSocket {
             let e = io::Error::last_os_error();
             match e.raw_os_error() {
                 Some(libc::EINTR) => continue,
-                Some(libc::EAGAIN) => {
-                    let mut p = libc::pollfd {
-                        fd: self.fd(),
-                        events: libc::POLLOUT,
-                        revents: 0,
-                    };
-                    // SAFETY: one valid pollfd.
-                    unsafe { libc::poll(&mut p, 1, 100) };
+                Some(libc::EAGAIN) => self.wait_writable(),
+                // With a source, EINVAL first means the source is no longer ours (see
+                // send_mmsg): try again from the route's choice before blaming GSO.
+                _ if source_refused(&e) && msg.msg_controllen as usize > segment_only => {
+                    msg.msg_controllen = segment_only as _;
                 }
                 // No offload on this path or kernel: remember and let the caller fall back.
                 Some(libc::EIO)
@@ -588,20 +728,52 @@ impl UdpSocket {
         }
     }
 
-    /// Sends one datagram.
+    /// Sends one datagram, from the route's choice of source.
     pub fn send_to(&self, payload: &[u8], dst: &SocketAddr) -> io::Result<usize> {
+        self.send_from(payload, dst, None)
+    }
+
+    /// Sends one datagram from `src` (None: the route's choice), without waiting for
+    /// room in the send buffer.
+    pub fn send_from(
+        &self,
+        payload: &[u8],
+        dst: &SocketAddr,
+        src: Option<LocalAddr>,
+    ) -> io::Result<usize> {
         let (ss, len) = to_sockaddr(&self.map_destination(dst));
-        // SAFETY: payload and ss are valid for the call.
-        cvt_size(unsafe {
-            libc::sendto(
-                self.fd(),
-                payload.as_ptr().cast(),
-                payload.len(),
-                0,
-                &ss as *const _ as *const libc::sockaddr,
-                len,
-            )
-        })
+        let mut control: SendControl = [0; 8];
+        let mut iov = libc::iovec {
+            iov_base: payload.as_ptr() as *mut _,
+            iov_len: payload.len(),
+        };
+        // SAFETY: zeroed msghdr is valid; every pointer set below refers to live locals.
+        let mut msg: libc::msghdr = unsafe { zeroed() };
+        msg.msg_name = &ss as *const _ as *mut _;
+        msg.msg_namelen = len;
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        if let Some(src) = src.filter(|s| s.ip.is_ipv6() == self.v6) {
+            msg.msg_controllen = put_source(&mut control, 0, &src) as _;
+            msg.msg_control = control.as_mut_ptr().cast();
+        }
+        loop {
+            // SAFETY: msg and everything it points to are valid for the call.
+            let r = unsafe { libc::sendmsg(self.fd(), &msg, 0) };
+            if r >= 0 {
+                return Ok(r as usize);
+            }
+            let e = io::Error::last_os_error();
+            match e.raw_os_error() {
+                Some(libc::EINTR) => continue,
+                // The source is no longer ours (see send_mmsg).
+                _ if source_refused(&e) && !msg.msg_control.is_null() => {
+                    msg.msg_control = std::ptr::null_mut();
+                    msg.msg_controllen = 0;
+                }
+                _ => return Err(e),
+            }
+        }
     }
 }
 
@@ -615,10 +787,26 @@ pub struct RecvBatch {
     bufs: Vec<Vec<u8>>,
     iovs: Vec<libc::iovec>,
     names: Vec<libc::sockaddr_storage>,
-    controls: Vec<[u64; 4]>,
+    controls: Vec<RecvControl>,
     hdrs: Vec<libc::mmsghdr>,
     segs: Vec<usize>,
+    locals: Vec<Option<LocalAddr>>,
     got: usize,
+}
+
+/// Control space for one received message: a `UDP_GRO` int and an `in6_pktinfo`
+/// (the larger of the two source forms), each with its header.
+type RecvControl = [u64; 8];
+
+/// One datagram of a receive, as [`RecvBatch::datagram`] reads it.
+pub struct Received<'a> {
+    pub data: &'a [u8],
+    pub src: SocketAddr,
+    /// The datagram size when the kernel coalesced several of that size into `data`
+    /// (the last may be shorter), or 0.
+    pub segment: usize,
+    /// Where it arrived, when the kernel said.
+    pub local: Option<LocalAddr>,
 }
 
 impl RecvBatch {
@@ -637,10 +825,10 @@ impl RecvBatch {
             iovs,
             // SAFETY: an all-zero sockaddr_storage / mmsghdr is a valid value.
             names: vec![unsafe { zeroed() }; count],
-            // One cmsg buffer per message, u64-aligned, big enough for a UDP_GRO int.
-            controls: vec![[0; 4]; count],
+            controls: vec![[0; 8]; count],
             hdrs: vec![unsafe { zeroed() }; count],
             segs: vec![0; count],
+            locals: vec![None; count],
             got: 0,
         };
         for i in 0..count {
@@ -658,7 +846,7 @@ impl RecvBatch {
     fn reset_headers(&mut self) {
         for h in &mut self.hdrs {
             h.msg_hdr.msg_namelen = size_of::<libc::sockaddr_storage>() as _;
-            h.msg_hdr.msg_controllen = size_of::<[u64; 4]>() as _;
+            h.msg_hdr.msg_controllen = size_of::<RecvControl>() as _;
             h.msg_hdr.msg_flags = 0;
             h.msg_len = 0;
         }
@@ -669,17 +857,20 @@ impl RecvBatch {
         self.bufs.len()
     }
 
-    /// Buffer `i` of the last receive: its bytes, its source, and the datagram size
-    /// when the kernel coalesced several datagrams of that size into it (the last may
-    /// be shorter), or 0. `None` past the count received, or for a source that is not
-    /// an IP address.
-    pub fn datagram(&self, i: usize) -> Option<(&[u8], SocketAddr, usize)> {
+    /// Buffer `i` of the last receive. `None` past the count received, or for a
+    /// source that is not an IP address.
+    pub fn datagram(&self, i: usize) -> Option<Received<'_>> {
         if i >= self.got {
             return None;
         }
         let src = from_sockaddr(&self.names[i])?;
         let len = (self.hdrs[i].msg_len as usize).min(self.bufs[i].len());
-        Some((&self.bufs[i][..len], src, self.segs[i]))
+        Some(Received {
+            data: &self.bufs[i][..len],
+            src,
+            segment: self.segs[i],
+            local: self.locals[i],
+        })
     }
 }
 
@@ -694,7 +885,7 @@ mod tests {
         let dst = SocketAddr::from(([127, 0, 0, 1], b.local_port().unwrap()));
         let payloads: Vec<Vec<u8>> = (0..10u8).map(|i| vec![i; 100 + i as usize]).collect();
         let msgs: Vec<(&[u8], SocketAddr)> = payloads.iter().map(|p| (p.as_slice(), dst)).collect();
-        assert_eq!(a.send_batch(&msgs).unwrap(), 10);
+        assert_eq!(a.send_batch(&msgs, None).unwrap(), 10);
         let mut batch = RecvBatch::new(4, 2048);
         let mut got: Vec<(Vec<u8>, SocketAddr)> = Vec::new();
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
@@ -702,8 +893,8 @@ mod tests {
         while got.len() < 10 && std::time::Instant::now() < deadline {
             match b.recv_batch(&mut batch) {
                 Ok(n) => got.extend((0..n).map(|i| {
-                    let (d, src, _) = batch.datagram(i).unwrap();
-                    (d.to_vec(), src)
+                    let r = batch.datagram(i).unwrap();
+                    (r.data.to_vec(), r.src)
                 })),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::thread::yield_now(),
                 Err(e) => panic!("{e}"),
@@ -716,6 +907,64 @@ mod tests {
         }
     }
 
+    /// Replies leave from the address the question arrived at (any 127/8 address is
+    /// local on lo); a source that is not local falls back to the route's choice.
+    #[test]
+    fn replies_leave_from_the_address_asked() {
+        let a = UdpSocket::bind(false, 0).unwrap();
+        let b = UdpSocket::bind(false, 0).unwrap();
+        let asked = Ipv4Addr::new(127, 0, 0, 2);
+        let to_b = SocketAddr::from((asked, b.local_port().unwrap()));
+        a.send_to(b"question", &to_b).unwrap();
+        let mut batch = RecvBatch::new(4, 2048);
+        let recv_one = |sock: &UdpSocket, batch: &mut RecvBatch| {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+            while std::time::Instant::now() < deadline {
+                if let Ok(1) = sock.recv_batch(batch) {
+                    let r = batch.datagram(0).unwrap();
+                    return (r.src, r.local);
+                }
+                std::thread::yield_now();
+            }
+            panic!("nothing received");
+        };
+        let (from_a, local) = recv_one(&b, &mut batch);
+        let local = local.expect("IP_PKTINFO reports the local end");
+        assert_eq!(local.ip, IpAddr::V4(asked));
+        assert!(local.ifindex > 0);
+        b.send_from(b"answer", &from_a, Some(local)).unwrap();
+        assert_eq!(recv_one(&a, &mut batch).0, to_b);
+        // The same through the batched and segmented paths.
+        b.send_batch(&[(b"answer", from_a)], Some(local)).unwrap();
+        assert_eq!(recv_one(&a, &mut batch).0, to_b);
+        if b.send_segmented(&[b"ab", b"cd"], 2, &from_a, Some(local))
+            .unwrap()
+        {
+            assert_eq!(recv_one(&a, &mut batch).0, to_b);
+            while a.recv_batch(&mut batch).is_ok_and(|n| n > 0) {}
+        }
+        // A source that is not ours is refused by the kernel; the datagram still goes.
+        let gone = LocalAddr {
+            ip: IpAddr::V4(Ipv4Addr::new(192, 0, 2, 99)),
+            ifindex: 0,
+        };
+        b.send_from(b"answer", &from_a, Some(gone)).unwrap();
+        assert_eq!(
+            recv_one(&a, &mut batch).0.ip(),
+            IpAddr::V4(Ipv4Addr::LOCALHOST)
+        );
+        b.send_batch(&[(b"answer", from_a)], Some(gone)).unwrap();
+        assert_eq!(
+            recv_one(&a, &mut batch).0.ip(),
+            IpAddr::V4(Ipv4Addr::LOCALHOST)
+        );
+        assert!(
+            b.send_segmented(&[b"ab", b"cd"], 2, &from_a, Some(gone))
+                .unwrap()
+                || !b.gso_enabled()
+        );
+    }
+
     #[test]
     fn segmented_send_arrives_as_separate_datagrams() {
         let a = UdpSocket::bind(false, 0).unwrap();
@@ -725,7 +974,7 @@ mod tests {
             .map(|i| vec![i; if i == 4 { 300 } else { 1000 }])
             .collect();
         let refs: Vec<&[u8]> = pieces.iter().map(Vec::as_slice).collect();
-        if !a.send_segmented(&refs, 1000, &dst).unwrap() {
+        if !a.send_segmented(&refs, 1000, &dst, None).unwrap() {
             assert!(!a.gso_enabled());
             return; // Kernel without UDP GSO: the fallback path is what callers use.
         }
@@ -736,9 +985,13 @@ mod tests {
         while dgrams.len() < 5 && std::time::Instant::now() < deadline {
             if let Ok(n) = b.recv_batch(&mut batch) {
                 for i in 0..n {
-                    let (d, _, seg) = batch.datagram(i).unwrap();
-                    let step = if seg > 0 { seg } else { d.len().max(1) };
-                    dgrams.extend(d.chunks(step).map(<[u8]>::to_vec));
+                    let r = batch.datagram(i).unwrap();
+                    let step = if r.segment > 0 {
+                        r.segment
+                    } else {
+                        r.data.len().max(1)
+                    };
+                    dgrams.extend(r.data.chunks(step).map(<[u8]>::to_vec));
                 }
             }
         }
@@ -756,7 +1009,7 @@ mod tests {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
         while got.len() < want && std::time::Instant::now() < deadline {
             match sock.recv_batch(&mut batch) {
-                Ok(n) => got.extend((0..n).map(|i| batch.datagram(i).unwrap().0.to_vec())),
+                Ok(n) => got.extend((0..n).map(|i| batch.datagram(i).unwrap().data.to_vec())),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::thread::yield_now(),
                 Err(e) => panic!("{e}"),
             }
@@ -820,7 +1073,7 @@ mod tests {
             vec![9],                    // 10 unknown type
         ];
         let batch: Vec<(&[u8], SocketAddr)> = msgs.iter().map(|m| (&m[..], dst)).collect();
-        assert_eq!(client.send_batch(&batch).unwrap(), msgs.len());
+        assert_eq!(client.send_batch(&batch, None).unwrap(), msgs.len());
         let pick = |idx: &[usize]| idx.iter().map(|&i| msgs[i].clone()).collect::<Vec<_>>();
         // Type 4 and the empty datagram to the data socket, in order; the rest aside.
         assert_eq!(receive(&data, 3), pick(&[0, 3, 9]));

@@ -246,17 +246,23 @@ fn handshake_worker(dev: &Device) {
     }
 }
 
+/// Runs the protocol timers every [`TIMER_TICK`], and follows the host's network
+/// (`NetWatch`) as soon as rtnetlink reports a change.
 fn timer_thread(dev: &Device) {
-    let mut last_mtu_check = Instant::now();
+    let watch = &dev.netwatch;
+    // Without a monitor the waker stands in: it never becomes readable until stop.
+    let monitor = watch.monitor_fd().unwrap_or(dev.waker.fd());
+    let mut next_tick = Instant::now() + TIMER_TICK;
     loop {
-        match wait_readable(dev.waker.fd(), &dev.waker, TIMER_TICK.as_millis() as i32) {
+        let left = next_tick.saturating_duration_since(Instant::now());
+        match wait_readable(monitor, &dev.waker, left.as_millis() as i32) {
+            Ok(Ready::Readable) => watch.handle(&dev.tun),
             Ok(Ready::Timeout) => {}
             _ => return,
         }
-        stages::timers::run_due(dev);
-        if last_mtu_check.elapsed() >= Duration::from_secs(1) {
-            dev.refresh_mtu();
-            last_mtu_check = Instant::now();
+        if Instant::now() >= next_tick {
+            stages::timers::run_due(dev);
+            next_tick = Instant::now() + TIMER_TICK;
         }
     }
 }

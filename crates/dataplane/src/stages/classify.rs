@@ -33,7 +33,7 @@ pub fn classify(dev: &Device, packets: Vec<Packet>) {
             }
             // The gate copies what it admits, so the packet's buffer goes back to the
             // pool either way.
-            Ok(kind) => super::gate::admit(dev, kind, dgram, src),
+            Ok(kind) => super::gate::admit(dev, kind, dgram, src, p.local),
             Err(_) => {
                 dev.stats.rx_malformed.fetch_add(1, Ordering::Relaxed);
             }

@@ -22,6 +22,7 @@ use std::cell::RefCell;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use wirelane_io::udp::LocalAddr;
 use wirelane_proto::cookie::{GateDrop, GateVerdict};
 use wirelane_proto::messages::{handshake_sender, Kind, COOKIE_REPLY_LEN};
 
@@ -29,7 +30,9 @@ use wirelane_proto::messages::{handshake_sender, Kind, COOKIE_REPLY_LEN};
 /// not hold the first reply back for long.
 pub const COOKIE_REPLY_BATCH: usize = 64;
 
-type Reply = ([u8; COOKIE_REPLY_LEN], SocketAddr);
+/// A cookie reply, its destination, and the local address its question arrived at
+/// (the reply leaves from there).
+type Reply = ([u8; COOKIE_REPLY_LEN], SocketAddr, Option<LocalAddr>);
 
 thread_local! {
     /// This reader's cookie replies not sent yet. Empty between receive batches.
@@ -66,10 +69,10 @@ impl ReplyRate {
 
 /// Screens one handshake message (see the module comment). Cookie replies received go
 /// straight to the queue: they need the peer's state, and carry nothing to screen.
-pub fn admit(dev: &Device, kind: Kind, bytes: &[u8], src: SocketAddr) {
+pub fn admit(dev: &Device, kind: Kind, bytes: &[u8], src: SocketAddr, local: Option<LocalAddr>) {
     let Some(sender) = handshake_sender(bytes) else {
         if kind == Kind::CookieReply {
-            dev.queue_handshake(kind, bytes, src);
+            dev.queue_handshake(kind, bytes, src, local);
         }
         return;
     };
@@ -81,13 +84,13 @@ pub fn admit(dev: &Device, kind: Kind, bytes: &[u8], src: SocketAddr) {
         Device::with_step_rng(|rng| gate.admit(bytes, sender, &src, under_load, dev.now(), rng))
     };
     let counter = match verdict {
-        GateVerdict::Process => return dev.queue_handshake(kind, bytes, src),
+        GateVerdict::Process => return dev.queue_handshake(kind, bytes, src, local),
         GateVerdict::SendCookieReply(reply) => {
             if dev.cookie_reply_rate.note(dev.now().as_nanos() as u64) {
                 dev.renew_under_load();
             }
             let full = REPLIES.with_borrow_mut(|r| {
-                r.push((reply.to_bytes(), src));
+                r.push((reply.to_bytes(), src, local));
                 r.len() >= COOKIE_REPLY_BATCH
             });
             if full {
@@ -113,17 +116,17 @@ pub fn flush_replies(dev: &Device) {
     let sockets = dev.sockets().clone();
     let mut sent = 0;
     for sock in [&sockets.v4, &sockets.v6].into_iter().flatten() {
-        let batch: Vec<(&[u8], SocketAddr)> = replies
+        let batch: Vec<(&[u8], SocketAddr, Option<LocalAddr>)> = replies
             .iter()
-            .filter(|(_, dst)| {
+            .filter(|(_, dst, _)| {
                 sockets
                     .for_destination(dst)
                     .is_some_and(|s| Arc::ptr_eq(s, sock))
             })
-            .map(|(b, dst)| (&b[..], *dst))
+            .map(|(b, dst, local)| (&b[..], *dst, *local))
             .collect();
         if !batch.is_empty() {
-            sent += sock.try_send_batch(&batch).unwrap_or(0);
+            sent += sock.try_send_replies(&batch).unwrap_or(0);
         }
     }
     let stats = &dev.stats;

@@ -28,7 +28,7 @@ pub fn process(dev: &Device, job: HandshakeJob) {
         Kind::Transport => return,
     };
     let Ok(msg) = msg else { return };
-    let result = match msg {
+    let (peer, result) = match msg {
         Message::Initiation(msg) => {
             dev.stats.handshake_dh.fetch_add(1, Ordering::Relaxed);
             let Ok(phase1) = consume_initiation_phase1(&identity, &msg) else {
@@ -42,9 +42,16 @@ pub fn process(dev: &Device, job: HandshakeJob) {
             dev.stats.handshake_dh.fetch_add(3, Ordering::Relaxed);
             peer.rx_bytes
                 .fetch_add(job.bytes.len() as u64, Ordering::Relaxed);
-            dev.with_peer(&peer, |state, ctx, out| {
-                state.consume_initiation(ctx, phase1, job.src, out)
-            })
+            let r = dev.with_peer(&peer, |state, ctx, out| {
+                let r = state.consume_initiation(ctx, phase1, job.src, out);
+                // Before the response leaves (after this closure): it must leave from
+                // the address the initiation arrived at.
+                if r.is_ok() {
+                    peer.learn_source(job.src, job.local);
+                }
+                r
+            });
+            (peer, r)
         }
         Message::Response(msg) => {
             let Some(peer) = dev.peer_by_index(msg.receiver) else {
@@ -54,13 +61,16 @@ pub fn process(dev: &Device, job: HandshakeJob) {
             dev.stats.handshake_dh.fetch_add(2, Ordering::Relaxed);
             peer.rx_bytes
                 .fetch_add(job.bytes.len() as u64, Ordering::Relaxed);
-            dev.with_peer(&peer, |state, ctx, out| {
+            let r = dev.with_peer(&peer, |state, ctx, out| {
                 state.consume_response(ctx, &msg, job.src, out)
-            })
+            });
+            (peer, r)
         }
     };
     match result {
         Ok(()) => {
+            // An authenticated message moves the endpoint, and with it the source.
+            peer.learn_source(job.src, job.local);
             dev.stats
                 .handshakes_completed
                 .fetch_add(1, Ordering::Relaxed);

@@ -81,7 +81,7 @@ pub fn deliver(dev: &Device, peer: &Arc<Peer>) {
                 continue;
             }
             // Authenticated and fresh: this packet may move the endpoint.
-            last_src = p.src;
+            last_src = p.src.map(|s| (s, p.local));
             peer.rx_bytes
                 .fetch_add((p.len + HEADROOM + 16) as u64, Ordering::Relaxed);
             if p.len == 0 {
@@ -90,11 +90,12 @@ pub fn deliver(dev: &Device, peer: &Arc<Peer>) {
             any_data = true;
             to_write.push((i, p.len));
         }
-        if let Some(src) = last_src {
+        if let Some((src, local)) = last_src {
             let kp = batch.keypair.clone();
             dev.with_peer(peer, |state, ctx, out| {
                 state.on_authenticated_transport(ctx, &kp, src, any_data, out)
             });
+            peer.learn_source(src, local);
         }
         if to_write.is_empty() {
             return;

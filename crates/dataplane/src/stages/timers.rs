@@ -1,8 +1,12 @@
 //! Timer stage. Input: the device's timer queue. Output: every due peer's protocol
-//! timers run (retransmits, keepalives, rekeys, key zeroing) and re-armed.
+//! timers run (retransmits, keepalives, rekeys, key zeroing) and re-armed. A handshake
+//! the timers start (a retry, or one after data went unanswered) leaves from the
+//! route's choice of source: the sticky one may be why the peer stopped answering, as
+//! kernel WireGuard reasons when it clears it there too.
 
 use crate::device::Device;
 use std::sync::atomic::Ordering;
+use wirelane_proto::Output;
 
 pub fn run_due(dev: &Device) {
     for id in dev.due_timers() {
@@ -11,6 +15,11 @@ pub fn run_due(dev: &Device) {
         };
         // This entry is spent; with_peer re-registers the peer's next deadline.
         peer.timer_at.store(u64::MAX, Ordering::Relaxed);
-        dev.with_peer(&peer, |state, ctx, out| state.tick(ctx, out));
+        dev.with_peer(&peer, |state, ctx, out| {
+            state.tick(ctx, out);
+            if out.iter().any(|o| matches!(o, Output::Handshake(_))) {
+                peer.forget_source();
+            }
+        });
     }
 }

@@ -9,18 +9,18 @@ use crate::peer::Peer;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use wirelane_io::udp::{UdpSocket, GSO_MAX_BYTES, GSO_MAX_SEGMENTS};
+use wirelane_io::udp::{LocalAddr, UdpSocket, GSO_MAX_BYTES, GSO_MAX_SEGMENTS};
 
 /// Sends datagrams in order; returns how many left. Consecutive datagrams of one size
 /// (the last of a run may be shorter) share one GSO send, gathered from the packets'
 /// own buffers.
-fn send_all(sock: &UdpSocket, dgrams: &[&[u8]], ep: SocketAddr) -> usize {
+fn send_all(sock: &UdpSocket, dgrams: &[&[u8]], ep: SocketAddr, src: Option<LocalAddr>) -> usize {
     let mut sent = 0;
     let mut i = 0;
     while i < dgrams.len() {
         if !sock.gso_enabled() {
             let rest: Vec<(&[u8], SocketAddr)> = dgrams[i..].iter().map(|d| (*d, ep)).collect();
-            return sent + sock.send_batch(&rest).unwrap_or(0);
+            return sent + sock.send_batch(&rest, src).unwrap_or(0);
         }
         let seg = dgrams[i].len();
         let (mut j, mut bytes) = (i, 0);
@@ -36,9 +36,9 @@ fn send_all(sock: &UdpSocket, dgrams: &[&[u8]], ep: SocketAddr) -> usize {
             }
         }
         let ok = if j - i == 1 {
-            sock.send_to(dgrams[i], &ep).is_ok()
+            sock.send_from(dgrams[i], &ep, src).is_ok()
         } else {
-            match sock.send_segmented(&dgrams[i..j], seg as u16, &ep) {
+            match sock.send_segmented(&dgrams[i..j], seg as u16, &ep, src) {
                 Ok(true) => true,
                 Ok(false) => continue, // GSO refused: the loop falls back above.
                 Err(_) => false,
@@ -65,6 +65,8 @@ pub fn flush(dev: &Device, peer: &Arc<Peer>) {
                 .fetch_add(batch.len() as u64, Ordering::Relaxed);
             return;
         };
+        // Before the socket table's read lock: the check may read it too.
+        let src = dev.source_for(peer, ep);
         let body = batch.body();
         let dgrams: Vec<&[u8]> = body
             .packets
@@ -76,7 +78,7 @@ pub fn flush(dev: &Device, peer: &Arc<Peer>) {
         let Some(sock) = sockets.for_destination(&ep) else {
             return;
         };
-        let n = send_all(sock, &dgrams, ep);
+        let n = send_all(sock, &dgrams, ep, src);
         let bytes: usize = dgrams[..n].iter().map(|b| b.len()).sum();
         peer.tx_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
         sent_any |= n > 0;

@@ -45,11 +45,19 @@ pub fn recv_batch(sock: &UdpSocket, s: &mut RecvScratch) -> io::Result<Vec<Packe
     s.filled = n == s.batch.capacity();
     let mut out = Vec::with_capacity(n);
     for i in 0..n {
-        let Some((data, src, seg)) = s.batch.datagram(i) else {
+        let Some(r) = s.batch.datagram(i) else {
             continue;
         };
-        let step = if seg > 0 { seg } else { data.len().max(1) };
-        out.extend(data.chunks(step).map(|d| Packet::from_datagram(d, src)));
+        let step = if r.segment > 0 {
+            r.segment
+        } else {
+            r.data.len().max(1)
+        };
+        out.extend(
+            r.data
+                .chunks(step)
+                .map(|d| Packet::from_datagram(d, r.src, r.local)),
+        );
     }
     Ok(out)
 }

@@ -1,0 +1,235 @@
+//! The tunnel's view of the host's network, kept current by rtnetlink notifications
+//! rather than polling:
+//!
+//! - where the TUN device lives (it may be moved to another namespace while its
+//!   sockets stay here, the container pattern), its MTU and its addresses;
+//! - the routes through it that carry an MTU of their own, which padding follows;
+//! - a generation number of the sockets' namespace's addresses and routes, which tells
+//!   a peer's sticky source (the local address its packets arrive at) when it must be
+//!   checked again, as kernel WireGuard re-checks `src4` and `src_if4` on a route
+//!   lookup.
+//!
+//! Who calls what: the timer thread owns the [`Monitor`] and calls [`NetWatch::handle`]
+//! when it is readable; the data path only reads (`mtu_for`, `generation`,
+//! `source_usable`). Refreshing takes a few netlink round trips and never runs on the
+//! data path, except a source check, once per peer per generation.
+
+use std::collections::HashSet;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use wirelane_io::netlink::{Change, Event, Monitor, MtuRoute, Rtnl};
+use wirelane_io::tun::Tun;
+use wirelane_io::udp::LocalAddr;
+use wirelane_proto::{AllowedIps, Prefix};
+
+/// Where the TUN device is and what it carries.
+#[derive(Debug, Clone, Default)]
+struct TunView {
+    /// The namespace id ours gives the device's namespace; None while it is ours.
+    nsid: Option<i32>,
+    ifindex: u32,
+    addrs: Vec<IpAddr>,
+}
+
+/// Host addresses of the sockets' namespace, as of one generation.
+#[derive(Default)]
+struct HostAddrs {
+    generation: u64,
+    addrs: Arc<HashSet<IpAddr>>,
+}
+
+pub struct NetWatch {
+    monitor: Option<Monitor>,
+    rtnl: Option<Mutex<Rtnl>>,
+    generation: AtomicU64,
+    mtu: AtomicU32,
+    tun: Mutex<TunView>,
+    /// Routes through the device with an MTU metric, by prefix; None (the usual case)
+    /// when there are none, so padding reads one pointer and uses the device's MTU.
+    mtu_routes: RwLock<Option<Arc<AllowedIps<u32>>>>,
+    host_addrs: Mutex<HostAddrs>,
+}
+
+impl NetWatch {
+    /// Opens the netlink sockets (before privileges are dropped: listening to other
+    /// namespaces needs CAP_NET_BROADCAST at this moment) and reads the device's state.
+    /// Without netlink the tunnel still runs, with the MTU it starts with.
+    pub fn new(tun: &Tun) -> NetWatch {
+        let monitor = Monitor::open()
+            .inspect_err(|e| tracing::warn!(error = %e, "no rtnetlink notifications"))
+            .ok();
+        if monitor.as_ref().is_some_and(|m| !m.all_namespaces()) {
+            tracing::info!(
+                "MTU changes are followed only while the interface stays in this namespace"
+            );
+        }
+        let rtnl = Rtnl::open()
+            .inspect_err(|e| tracing::warn!(error = %e, "no rtnetlink requests"))
+            .ok()
+            .map(Mutex::new);
+        let watch = NetWatch {
+            monitor,
+            rtnl,
+            generation: AtomicU64::new(1),
+            mtu: AtomicU32::new(tun.mtu().unwrap_or(wirelane_io::tun::DEFAULT_MTU)),
+            tun: Mutex::default(),
+            mtu_routes: RwLock::new(None),
+            host_addrs: Mutex::default(),
+        };
+        watch.refresh_tun(tun);
+        watch
+    }
+
+    /// The notification socket the timer thread polls, if there is one.
+    pub fn monitor_fd(&self) -> Option<std::os::fd::RawFd> {
+        self.monitor.as_ref().map(Monitor::fd)
+    }
+
+    /// The device's MTU.
+    pub fn mtu(&self) -> usize {
+        self.mtu.load(Ordering::Relaxed) as usize
+    }
+
+    /// The MTU that applies to a packet for `dst`: that of the most specific route
+    /// through the device with an MTU of its own, else the device's.
+    pub fn mtu_for(&self, dst: IpAddr) -> usize {
+        let routes = self.mtu_routes.read().unwrap_or_else(|p| p.into_inner());
+        routes
+            .as_ref()
+            .and_then(|r| r.lookup(dst))
+            .map_or_else(|| self.mtu(), |m| m as usize)
+    }
+
+    /// Whether any route through the device carries its own MTU.
+    pub fn has_mtu_routes(&self) -> bool {
+        self.mtu_routes
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some()
+    }
+
+    /// The addresses of the device (ICMP errors written back into it come from one).
+    pub fn tun_addrs(&self) -> Vec<IpAddr> {
+        self.tun
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .addrs
+            .clone()
+    }
+
+    /// Moves whenever an address, link or route changes in the sockets' namespace. Each
+    /// move costs every peer with a sticky source one check at its next send (one
+    /// netlink query for IPv4): the price of following a route that takes over as soon
+    /// as the kernel does.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// Handles every pending notification. Called by the timer thread when the
+    /// monitor is readable.
+    pub fn handle(&self, tun: &Tun) {
+        let events: Vec<Event> = self
+            .monitor
+            .as_ref()
+            .map(Monitor::drain)
+            .unwrap_or_default();
+        let tun_nsid = self.tun.lock().unwrap_or_else(|p| p.into_inner()).nsid;
+        let mut changed_here = false;
+        let mut refresh = false;
+        for e in &events {
+            changed_here |= e.nsid.is_none();
+            // Any link change may be the device moving or changing its MTU; address
+            // and route changes matter where the device lives.
+            refresh |= matches!(e.change, Change::Link | Change::Unknown) || e.nsid == tun_nsid;
+        }
+        if changed_here {
+            self.generation.fetch_add(1, Ordering::AcqRel);
+        }
+        if refresh {
+            self.refresh_tun(tun);
+        }
+    }
+
+    /// Reads where the device lives now, its MTU, addresses and MTU routes.
+    fn refresh_tun(&self, tun: &Tun) {
+        let Some(rtnl) = &self.rtnl else { return };
+        let rtnl = rtnl.lock().unwrap_or_else(|p| p.into_inner());
+        let located = (|| -> std::io::Result<TunView> {
+            let nsid = if tun.in_own_netns()? {
+                None
+            } else {
+                Some(rtnl.namespace_id(std::os::fd::AsFd::as_fd(&tun.netns()?))?)
+            };
+            let link = rtnl.link(nsid, &tun.current_name()?)?;
+            self.mtu.store(link.mtu, Ordering::Relaxed);
+            Ok(TunView {
+                nsid,
+                ifindex: link.ifindex,
+                addrs: rtnl.addresses(nsid, Some(link.ifindex))?,
+            })
+        })();
+        let view = match located {
+            Ok(v) => v,
+            // The device is being deleted; the TUN reader notices and stops.
+            Err(e) => return tracing::debug!(error = %e, "interface state not read"),
+        };
+        // Route dumps cannot name another namespace: routes with an MTU are followed
+        // only while the device is in the sockets' namespace (see README).
+        let routes = match view.nsid {
+            None => rtnl.mtu_routes(view.ifindex).unwrap_or_default(),
+            Some(_) => Vec::new(),
+        };
+        drop(rtnl);
+        *self.mtu_routes.write().unwrap_or_else(|p| p.into_inner()) = mtu_table(&routes);
+        *self.tun.lock().unwrap_or_else(|p| p.into_inner()) = view;
+    }
+
+    /// Whether a peer may keep sending from `local` to `endpoint`: the address must
+    /// still be one of ours, and for IPv4 the route from it must still leave by the
+    /// interface the peer's packets arrive on (else a newer route took over, and the
+    /// route's own choice of source is the right one). The kernel checks the same.
+    pub fn source_usable(&self, endpoint: &SocketAddr, local: &LocalAddr, fwmark: u32) -> bool {
+        let Some(rtnl) = &self.rtnl else { return true };
+        let generation = self.generation();
+        let addrs = {
+            let mut cache = self.host_addrs.lock().unwrap_or_else(|p| p.into_inner());
+            if cache.generation != generation {
+                let rtnl = rtnl.lock().unwrap_or_else(|p| p.into_inner());
+                match rtnl.addresses(None, None) {
+                    Ok(all) => {
+                        *cache = HostAddrs {
+                            generation,
+                            addrs: Arc::new(all.into_iter().collect()),
+                        }
+                    }
+                    Err(_) => return true,
+                }
+            }
+            cache.addrs.clone()
+        };
+        if !addrs.contains(&local.ip) {
+            return false;
+        }
+        if local.ip.is_ipv6() {
+            return true;
+        }
+        let rtnl = rtnl.lock().unwrap_or_else(|p| p.into_inner());
+        rtnl.route_oif(endpoint.ip(), local.ip, fwmark)
+            .is_ok_and(|oif| oif == local.ifindex)
+    }
+}
+
+/// The lookup table of MTU routes, or None when there are none.
+fn mtu_table(routes: &[MtuRoute]) -> Option<Arc<AllowedIps<u32>>> {
+    if routes.is_empty() {
+        return None;
+    }
+    let mut t = AllowedIps::default();
+    for r in routes {
+        if let Ok(p) = Prefix::new(r.dst, r.prefix_len) {
+            t.insert(p, r.mtu);
+        }
+    }
+    Some(Arc::new(t))
+}
