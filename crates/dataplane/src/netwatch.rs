@@ -18,7 +18,7 @@ use std::collections::HashSet;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
-use wirelane_io::netlink::{Change, Event, Monitor, MtuRoute, Rtnl};
+use wirelane_io::netlink::{Change, Event, Monitor, Route, Rtnl};
 use wirelane_io::tun::Tun;
 use wirelane_io::udp::LocalAddr;
 use wirelane_proto::{AllowedIps, Prefix};
@@ -48,6 +48,11 @@ pub struct NetWatch {
     /// Routes through the device with an MTU metric, by prefix; None (the usual case)
     /// when there are none, so padding reads one pointer and uses the device's MTU.
     mtu_routes: RwLock<Option<Arc<AllowedIps<u32>>>>,
+    /// The routes behind `mtu_routes`, with the namespace each was seen in. In the
+    /// sockets' namespace they are read by a dump; in another, where route dumps cannot
+    /// reach, from notifications, which is complete because moving a device flushes
+    /// its routes: every route through it there was added, and announced, after.
+    mtu_route_list: Mutex<Vec<(Option<i32>, Route)>>,
     host_addrs: Mutex<HostAddrs>,
 }
 
@@ -75,6 +80,7 @@ impl NetWatch {
             mtu: AtomicU32::new(tun.mtu().unwrap_or(wirelane_io::tun::DEFAULT_MTU)),
             tun: Mutex::default(),
             mtu_routes: RwLock::new(None),
+            mtu_route_list: Mutex::default(),
             host_addrs: Mutex::default(),
         };
         watch.refresh_tun(tun);
@@ -91,22 +97,14 @@ impl NetWatch {
         self.mtu.load(Ordering::Relaxed) as usize
     }
 
-    /// The MTU that applies to a packet for `dst`: that of the most specific route
-    /// through the device with an MTU of its own, else the device's.
-    pub fn mtu_for(&self, dst: IpAddr) -> usize {
-        let routes = self.mtu_routes.read().unwrap_or_else(|p| p.into_inner());
-        routes
-            .as_ref()
-            .and_then(|r| r.lookup(dst))
-            .map_or_else(|| self.mtu(), |m| m as usize)
-    }
-
-    /// Whether any route through the device carries its own MTU.
-    pub fn has_mtu_routes(&self) -> bool {
+    /// The routes through the device with an MTU of their own, by prefix (the most
+    /// specific decides a packet's padding); None, the usual case, when there are
+    /// none and the device's MTU applies to every packet.
+    pub fn mtu_routes(&self) -> Option<Arc<AllowedIps<u32>>> {
         self.mtu_routes
             .read()
             .unwrap_or_else(|p| p.into_inner())
-            .is_some()
+            .clone()
     }
 
     /// The addresses of the device (ICMP errors written back into it come from one).
@@ -137,18 +135,64 @@ impl NetWatch {
         let tun_nsid = self.tun.lock().unwrap_or_else(|p| p.into_inner()).nsid;
         let mut changed_here = false;
         let mut refresh = false;
+        let mut routes_changed = false;
         for e in &events {
             changed_here |= e.nsid.is_none();
             // Any link change may be the device moving or changing its MTU; address
-            // and route changes matter where the device lives.
-            refresh |= matches!(e.change, Change::Link | Change::Unknown) || e.nsid == tun_nsid;
+            // changes matter where the device lives.
+            refresh |= matches!(e.change, Change::Link | Change::Unknown)
+                || e.change == Change::Address && e.nsid == tun_nsid;
+            if let Some((route, deleted)) = e.route {
+                routes_changed |= self.note_route(e.nsid, route, deleted);
+            }
         }
         if changed_here {
             self.generation.fetch_add(1, Ordering::AcqRel);
         }
         if refresh {
             self.refresh_tun(tun);
+        } else if routes_changed {
+            self.rebuild_mtu_routes();
         }
+    }
+
+    /// Follows one route notification in the list of MTU routes; true if it changed.
+    /// A route without an MTU replacing one with it removes it, as a deletion does.
+    fn note_route(&self, nsid: Option<i32>, route: Route, deleted: bool) -> bool {
+        let mut list = self
+            .mtu_route_list
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let same = |(n, r): &(Option<i32>, Route)| {
+            *n == nsid
+                && r.oif == route.oif
+                && r.table == route.table
+                && r.dst == route.dst
+                && r.prefix_len == route.prefix_len
+        };
+        let before = list.len();
+        list.retain(|e| !same(e));
+        let added = !deleted && route.mtu.is_some();
+        if added {
+            list.push((nsid, route));
+        }
+        added || list.len() != before
+    }
+
+    /// Rebuilds the lookup table from the routes through the device where it is now,
+    /// forgetting any seen elsewhere (a device moved away has none left there).
+    fn rebuild_mtu_routes(&self) {
+        let (nsid, ifindex) = {
+            let view = self.tun.lock().unwrap_or_else(|p| p.into_inner());
+            (view.nsid, view.ifindex)
+        };
+        let mut list = self
+            .mtu_route_list
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        list.retain(|(n, r)| *n == nsid && r.oif == ifindex);
+        let table = mtu_table(list.iter().map(|(_, r)| r));
+        *self.mtu_routes.write().unwrap_or_else(|p| p.into_inner()) = table;
     }
 
     /// Reads where the device lives now, its MTU, addresses and MTU routes.
@@ -174,15 +218,20 @@ impl NetWatch {
             // The device is being deleted; the TUN reader notices and stops.
             Err(e) => return tracing::debug!(error = %e, "interface state not read"),
         };
-        // Route dumps cannot name another namespace: routes with an MTU are followed
-        // only while the device is in the sockets' namespace (see README).
-        let routes = match view.nsid {
-            None => rtnl.mtu_routes(view.ifindex).unwrap_or_default(),
-            Some(_) => Vec::new(),
-        };
+        // Route dumps cannot name another namespace; there the notifications keep the
+        // list (see `mtu_route_list`).
+        if view.nsid.is_none() {
+            let dumped = rtnl.mtu_routes(view.ifindex).unwrap_or_default();
+            let mut list = self
+                .mtu_route_list
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            list.retain(|(n, _)| n.is_some());
+            list.extend(dumped.into_iter().map(|r| (None, r)));
+        }
         drop(rtnl);
-        *self.mtu_routes.write().unwrap_or_else(|p| p.into_inner()) = mtu_table(&routes);
         *self.tun.lock().unwrap_or_else(|p| p.into_inner()) = view;
+        self.rebuild_mtu_routes();
     }
 
     /// Whether a peer may keep sending from `local` to `endpoint`: the address must
@@ -221,15 +270,12 @@ impl NetWatch {
 }
 
 /// The lookup table of MTU routes, or None when there are none.
-fn mtu_table(routes: &[MtuRoute]) -> Option<Arc<AllowedIps<u32>>> {
-    if routes.is_empty() {
-        return None;
-    }
+fn mtu_table<'a>(routes: impl Iterator<Item = &'a Route>) -> Option<Arc<AllowedIps<u32>>> {
     let mut t = AllowedIps::default();
     for r in routes {
-        if let Ok(p) = Prefix::new(r.dst, r.prefix_len) {
-            t.insert(p, r.mtu);
+        if let (Ok(p), Some(mtu)) = (Prefix::new(r.dst, r.prefix_len), r.mtu) {
+            t.insert(p, mtu);
         }
     }
-    Some(Arc::new(t))
+    (!t.is_empty()).then(|| Arc::new(t))
 }

@@ -34,6 +34,9 @@ pub struct Packet {
     pub src: Option<SocketAddr>,
     /// RX: the local address and interface it arrived at, where the kernel said.
     pub local: Option<LocalAddr>,
+    /// TX: the MTU of a route with its own that the packet follows, which its padding
+    /// respects; 0 for the device's.
+    pub route_mtu: u32,
     /// Set by the crypt stage: the packet authenticated (RX) or was sealed (TX).
     pub ok: bool,
 }
@@ -52,6 +55,7 @@ impl Packet {
             counter: 0,
             src: None,
             local: None,
+            route_mtu: 0,
             ok: false,
         }
     }

@@ -49,6 +49,7 @@ const RTA_DST: u16 = 1;
 const RTA_SRC: u16 = 2;
 const RTA_OIF: u16 = 4;
 const RTA_METRICS: u16 = 8;
+const RTA_TABLE: u16 = 15;
 const RTA_MARK: u16 = 16;
 const RTAX_MTU: u16 = 2;
 const RTM_F_LOOKUP_TABLE: u32 = 0x1000;
@@ -227,12 +228,15 @@ pub struct Link {
     pub mtu: u32,
 }
 
-/// A route through a device that carries an MTU of its own (`ip route add … mtu N`).
+/// A route, as much of it as a tunnel asks about: where to, by which device, in which
+/// table, and its own MTU if it has one (`ip route add … mtu N`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct MtuRoute {
+pub struct Route {
     pub dst: IpAddr,
     pub prefix_len: u8,
-    pub mtu: u32,
+    pub table: u32,
+    pub oif: u32,
+    pub mtu: Option<u32>,
 }
 
 /// A request socket: one question at a time, answered synchronously.
@@ -357,7 +361,7 @@ impl Rtnl {
     /// The routes of this namespace through `ifindex` that carry an MTU metric. The
     /// kernel filters the dump by device (strict checking), so a host with a full
     /// routing table answers with a few routes, not all of them.
-    pub fn mtu_routes(&self, ifindex: u32) -> io::Result<Vec<MtuRoute>> {
+    pub fn mtu_routes(&self, ifindex: u32) -> io::Result<Vec<Route>> {
         let mut out = Vec::new();
         for fam in [libc::AF_INET as u8, libc::AF_INET6 as u8] {
             let mut fixed = [0u8; RTMSG];
@@ -368,7 +372,7 @@ impl Rtnl {
                 if kind != RTM_NEWROUTE {
                     continue;
                 }
-                out.extend(parse_mtu_route(&body, ifindex));
+                out.extend(parse_route(&body).filter(|r| r.oif == ifindex && r.mtu.is_some()));
             }
         }
         Ok(out)
@@ -453,37 +457,36 @@ fn parse_link(body: &[u8]) -> Option<Link> {
     Some(Link { ifindex, mtu })
 }
 
-fn parse_mtu_route(body: &[u8], ifindex: u32) -> Option<MtuRoute> {
+/// Reads a route message. Routes of every kind are read; the caller keeps those it
+/// cares about.
+fn parse_route(body: &[u8]) -> Option<Route> {
     let fixed = body.get(..RTMSG)?;
-    let prefix_len = fixed[1];
-    let mut dst = None;
-    let mut oif = None;
-    let mut mtu = None;
+    let mut route = Route {
+        dst: if fixed[0] == libc::AF_INET as u8 {
+            IpAddr::V4(Ipv4Addr::UNSPECIFIED)
+        } else {
+            IpAddr::V6(Ipv6Addr::UNSPECIFIED)
+        },
+        prefix_len: fixed[1],
+        table: u32::from(fixed[4]),
+        oif: 0,
+        mtu: None,
+    };
     for (k, d) in attrs(body.get(RTMSG..)?) {
         match k {
-            RTA_DST => dst = ip_of(d),
-            RTA_OIF => oif = u32_of(d),
+            RTA_DST => route.dst = ip_of(d)?,
+            RTA_OIF => route.oif = u32_of(d)?,
+            RTA_TABLE => route.table = u32_of(d)?,
             RTA_METRICS => {
-                mtu = attrs(d)
+                route.mtu = attrs(d)
                     .find(|(m, _)| *m == RTAX_MTU)
                     .and_then(|(_, v)| u32_of(v))
+                    .filter(|m| *m > 0)
             }
             _ => {}
         }
     }
-    if oif != Some(ifindex) {
-        return None;
-    }
-    let dst = dst.unwrap_or(if fixed[0] == libc::AF_INET as u8 {
-        IpAddr::V4(Ipv4Addr::UNSPECIFIED)
-    } else {
-        IpAddr::V6(Ipv6Addr::UNSPECIFIED)
-    });
-    Some(MtuRoute {
-        dst,
-        prefix_len,
-        mtu: mtu.filter(|m| *m > 0)?,
-    })
+    Some(route)
 }
 
 /// What a change notification was about.
@@ -498,11 +501,13 @@ pub enum Change {
 }
 
 /// One change notification: what changed, and in which namespace (None: the
-/// monitor's own; otherwise the id the monitor's namespace gives it).
+/// monitor's own; otherwise the id the monitor's namespace gives it). Route changes
+/// carry the route, and whether it went away.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Event {
     pub change: Change,
     pub nsid: Option<i32>,
+    pub route: Option<(Route, bool)>,
 }
 
 /// A socket subscribed to link, address and route changes; where allowed, of every
@@ -575,6 +580,7 @@ impl Monitor {
                         out.push(Event {
                             change: Change::Unknown,
                             nsid: None,
+                            route: None,
                         });
                         continue;
                     }
@@ -590,7 +596,15 @@ impl Monitor {
                     RTM_NEWROUTE | RTM_DELROUTE => Change::Route,
                     _ => continue,
                 };
-                out.push(Event { change, nsid });
+                let route = (change == Change::Route)
+                    .then(|| parse_route(m.body))
+                    .flatten()
+                    .map(|r| (r, m.kind == RTM_DELROUTE));
+                out.push(Event {
+                    change,
+                    nsid,
+                    route,
+                });
             }
         }
     }

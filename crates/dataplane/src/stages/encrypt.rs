@@ -22,6 +22,10 @@ pub fn seal_batch(batch: &Batch, mtu: usize) {
     {
         let mut body = batch.body();
         for p in body.packets.iter_mut() {
+            let mtu = match p.route_mtu {
+                0 => mtu,
+                route => route as usize,
+            };
             let padded = padded_len(p.len, mtu);
             let end = HEADROOM + padded + 16;
             if p.buf.len() < end {
