@@ -266,3 +266,67 @@ fn padding_follows_the_mtu_of_a_moved_interface_and_its_routes() {
         std::time::Duration::from_secs(60),
     );
 }
+
+/// A packet no peer routes is answered with an ICMP (ICMPv6) destination-unreachable
+/// error, as the kernel answers it: `ping` reports it, and a TCP connect fails with
+/// EHOSTUNREACH at once rather than timing out.
+#[test]
+fn unroutable_packets_get_destination_unreachable() {
+    require_root();
+    let ns = Netns::new();
+    let d = Daemon::start(Impl::Wirelane, &ns);
+    let (own, peer) = (genkeys(), genkeys());
+    let key = std::env::temp_dir().join(format!("{}.key", d.ifname));
+    std::fs::write(&key, &own.private).unwrap();
+    d.wg(&format!(
+        "set IF private-key {} peer {} allowed-ips 10.77.0.2/32,fd77::2/128",
+        key.display(),
+        peer.public
+    ));
+    let _ = std::fs::remove_file(key);
+    ns.run(&format!(
+        "ip addr add 10.77.0.1/24 dev {0} && ip addr add fd77::1/64 dev {0} nodad && \
+         ip link set {0} up",
+        d.ifname
+    ));
+    let v4 = ns.try_run("ping -c 3 -i 0.2 -W 5 10.77.0.99");
+    let out = String::from_utf8_lossy(&v4.stdout);
+    assert!(
+        out.contains("From 10.77.0.99 icmp_seq=1 Destination Host Unreachable"),
+        "{out}"
+    );
+    let v6 = ns.try_run("ping -6 -c 3 -i 0.2 -W 5 fd77::99");
+    let out = String::from_utf8_lossy(&v6.stdout);
+    assert!(
+        out.contains("From fd77::99 icmp_seq=1 Destination unreachable: Address unreachable"),
+        "{out}"
+    );
+    let name = ns.name.clone();
+    let kinds = std::thread::spawn(move || {
+        enter_ns(&name);
+        ["10.77.0.99:9", "[fd77::99]:9"].map(|a| {
+            let addr: std::net::SocketAddr = a.parse().unwrap();
+            std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(20))
+                .map(drop)
+                .map_err(|e| e.kind())
+        })
+    })
+    .join()
+    .unwrap();
+    for k in kinds {
+        assert_eq!(k, Err(std::io::ErrorKind::HostUnreachable));
+    }
+    let dump = uapi_stats(&d.ifname);
+    assert!(dump.contains("tx_icmp_unreachable="), "{dump}");
+}
+
+/// The daemon's `stats=1` counters, as the UAPI reports them.
+fn uapi_stats(ifname: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::os::unix::net::UnixStream::connect(socket_path(ifname)).unwrap();
+    s.write_all(b"stats=1\n\n").unwrap();
+    s.shutdown(std::net::Shutdown::Write).unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    out
+}

@@ -238,6 +238,8 @@ pub struct Device {
     timers: Mutex<BinaryHeap<Reverse<(u64, u32)>>>,
     /// The device's place, MTU and addresses, and the sockets' routing generation.
     pub netwatch: NetWatch,
+    /// Limits the ICMP errors written back for packets no peer routes.
+    pub(crate) icmp_limit: crate::icmp::RateLimit,
     pub stats: Stats,
     stopping: AtomicBool,
     /// Dropped by [`Device::stop`]: every thread that blocks on a channel also selects
@@ -312,6 +314,7 @@ impl Device {
             cookie_reply_rate: Default::default(),
             timers: Mutex::new(BinaryHeap::new()),
             netwatch,
+            icmp_limit: Default::default(),
             stats: Stats::default(),
             stopping: AtomicBool::new(false),
             stop_tx: Mutex::new(Some(stop_tx)),

@@ -4,6 +4,7 @@
 pub mod config;
 pub mod device;
 pub mod exec;
+pub mod icmp;
 pub mod inner;
 pub mod netwatch;
 pub mod packet;

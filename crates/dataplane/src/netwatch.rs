@@ -240,25 +240,10 @@ impl NetWatch {
     /// route's own choice of source is the right one). The kernel checks the same.
     pub fn source_usable(&self, endpoint: &SocketAddr, local: &LocalAddr, fwmark: u32) -> bool {
         let Some(rtnl) = &self.rtnl else { return true };
-        let generation = self.generation();
-        let addrs = {
-            let mut cache = self.host_addrs.lock().unwrap_or_else(|p| p.into_inner());
-            if cache.generation != generation {
-                let rtnl = rtnl.lock().unwrap_or_else(|p| p.into_inner());
-                match rtnl.addresses(None, None) {
-                    Ok(all) => {
-                        *cache = HostAddrs {
-                            generation,
-                            addrs: Arc::new(all.into_iter().collect()),
-                        }
-                    }
-                    Err(_) => return true,
-                }
-            }
-            cache.addrs.clone()
-        };
-        if !addrs.contains(&local.ip) {
-            return false;
+        match self.is_host_address(&local.ip) {
+            Some(false) => return false,
+            None => return true, // cannot tell: the send falls back if it must
+            Some(true) => {}
         }
         if local.ip.is_ipv6() {
             return true;
@@ -266,6 +251,38 @@ impl NetWatch {
         let rtnl = rtnl.lock().unwrap_or_else(|p| p.into_inner());
         rtnl.route_oif(endpoint.ip(), local.ip, fwmark)
             .is_ok_and(|oif| oif == local.ifindex)
+    }
+}
+
+impl NetWatch {
+    /// Whether `ip` is an address of the sockets' namespace (None: cannot tell). The
+    /// address list is read once per generation.
+    pub fn is_host_address(&self, ip: &IpAddr) -> Option<bool> {
+        let rtnl = self.rtnl.as_ref()?;
+        let generation = self.generation();
+        let mut cache = self.host_addrs.lock().unwrap_or_else(|p| p.into_inner());
+        if cache.generation != generation {
+            let all = rtnl
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .addresses(None, None)
+                .ok()?;
+            *cache = HostAddrs {
+                generation,
+                addrs: Arc::new(all.into_iter().collect()),
+            };
+        }
+        Some(cache.addrs.contains(ip))
+    }
+
+    /// Whether the TUN device is in the sockets' namespace (where a datagram of ours
+    /// could be routed back into it).
+    pub fn tun_beside_sockets(&self) -> bool {
+        self.tun
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .nsid
+            .is_none()
     }
 }
 

@@ -23,6 +23,12 @@ macro_rules! counters {
 counters! {
     /// Packets read from the TUN with no peer routing their destination.
     tx_no_route,
+    /// ICMP/ICMPv6 destination-unreachable errors written back for them.
+    tx_icmp_unreachable,
+    /// Errors not sent for the rate limit.
+    tx_icmp_rate_limited,
+    /// Our own outer datagrams routed back into the TUN (a routing loop), dropped.
+    tx_routing_loop,
     /// Packets dropped on transmit: queue full, staged overflow, handshake gave up.
     tx_dropped,
     /// Datagrams that could not be sent because the peer has no endpoint.

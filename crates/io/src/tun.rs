@@ -213,6 +213,16 @@ impl Tun {
         cvt_size(unsafe { libc::writev(self.fd.as_raw_fd(), pieces.as_ptr().cast(), n) })
     }
 
+    /// Writes one plain IP packet, with an empty virtio header first where the device
+    /// expects one.
+    pub fn write_packet(&self, pkt: &[u8]) -> io::Result<usize> {
+        if !self.vnet {
+            return self.write(pkt);
+        }
+        let none = [0u8; crate::offload::VNET_HDR_LEN];
+        self.write_pieces(&[io::IoSlice::new(&none), io::IoSlice::new(pkt)])
+    }
+
     /// Writes one buffer as it is.
     pub fn write(&self, pkt: &[u8]) -> io::Result<usize> {
         // SAFETY: pkt is valid for reads of pkt.len() bytes.

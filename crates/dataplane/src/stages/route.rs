@@ -1,21 +1,89 @@
 //! Stage TX-2, route (cryptokey routing). Input: plaintext packets from the TUN.
 //! Output: per-peer groups, each keeping the packets' relative order. Packets whose
-//! destination no peer's AllowedIPs cover are dropped and counted. Where a route
+//! destination no peer's AllowedIPs cover are dropped and counted, and answered with an
+//! ICMP destination-unreachable error written back into the TUN (see `icmp`). Our own
+//! outer datagrams, routed back into the TUN, are dropped (see `is_own_outer`). Where a route
 //! through the device has an MTU of its own (rare), each packet notes it here, where
 //! its destination is parsed anyway, for the padding at encryption.
 
 use crate::device::Device;
+use crate::icmp;
 use crate::inner;
 use crate::packet::Packet;
 use crate::peer::Peer;
+use std::net::IpAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+
+/// Writes an ICMP error about `packet` back into the TUN, within the rate limit.
+fn answer_unreachable(dev: &Device, packet: &[u8]) {
+    let Some(h) = inner::parse(packet) else {
+        return;
+    };
+    let Some(error) = icmp::unreachable(&packet[..h.total_len]) else {
+        return;
+    };
+    let local = dev.netwatch.tun_addrs().contains(&h.src);
+    if !dev.icmp_limit.allow(h.src, local, dev.now()) {
+        dev.stats
+            .tx_icmp_rate_limited
+            .fetch_add(1, Ordering::Relaxed);
+        return;
+    }
+    if dev.tun.write_packet(&error).is_ok() {
+        dev.stats
+            .tx_icmp_unreachable
+            .fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Whether `packet` is one of this tunnel's own outer datagrams, which a route through
+/// the tunnel itself (a peer's endpoint inside its own AllowedIPs, or reached through
+/// the tunnel) has brought back: UDP from our listen port, from one of the host's
+/// addresses, read from a TUN in the sockets' namespace. Encapsulating it again would
+/// loop for ever, each round 32 bytes larger and, past the MTU, in more fragments.
+///
+/// Why this is sound: in one namespace only our sockets can send from our port on the
+/// host's addresses (the port is bound on the wildcard address by a SO_REUSEPORT group
+/// no other user can join). A forwarded packet from another host keeps its foreign
+/// source, and a tunnel nested in ours uses another port. What it cannot see is a loop
+/// through a second tunnel (ours inside theirs inside ours): that is bounded only by
+/// packets outgrowing the largest datagram. Costs a port comparison per packet.
+fn is_own_outer(dev: &Device, packet: &[u8], port: u16) -> bool {
+    let (src, sport) = match packet.first().map(|b| b >> 4) {
+        Some(4) if packet.len() >= 20 && packet[9] == 17 => {
+            let ihl = usize::from(packet[0] & 0x0f) * 4;
+            let first_fragment = u16::from_be_bytes([packet[6], packet[7]]) & 0x1fff == 0;
+            let Some(ports) = packet.get(ihl..ihl + 2).filter(|_| first_fragment) else {
+                return false;
+            };
+            let src: [u8; 4] = packet[12..16].try_into().unwrap();
+            (IpAddr::from(src), u16::from_be_bytes([ports[0], ports[1]]))
+        }
+        Some(6) if packet.len() >= 42 && packet[6] == 17 => {
+            let src: [u8; 16] = packet[8..24].try_into().unwrap();
+            (
+                IpAddr::from(src),
+                u16::from_be_bytes([packet[40], packet[41]]),
+            )
+        }
+        _ => return false,
+    };
+    sport == port
+        && dev.netwatch.tun_beside_sockets()
+        && dev.netwatch.is_host_address(&src) == Some(true)
+}
 
 pub fn route(dev: &Device, packets: Vec<Packet>) -> Vec<(Arc<Peer>, Vec<Packet>)> {
     let mut groups: Vec<(Arc<Peer>, Vec<Packet>)> = Vec::new();
     let table = dev.table();
     let mtu_routes = dev.netwatch.mtu_routes();
+    let port = dev.sockets().port;
     for mut p in packets {
+        if is_own_outer(dev, p.plaintext(), port) {
+            dev.stats.tx_routing_loop.fetch_add(1, Ordering::Relaxed);
+            continue;
+        }
         let dst = inner::parse(p.plaintext()).map(|h| h.dst);
         if let (Some(routes), Some(dst)) = (&mtu_routes, dst) {
             p.route_mtu = routes.lookup(dst).unwrap_or(0);
@@ -23,6 +91,7 @@ pub fn route(dev: &Device, packets: Vec<Packet>) -> Vec<(Arc<Peer>, Vec<Packet>)
         let peer = dst.and_then(|d| table.route(d));
         let Some(peer) = peer else {
             dev.stats.tx_no_route.fetch_add(1, Ordering::Relaxed);
+            answer_unreachable(dev, p.plaintext());
             continue;
         };
         // Few peers per batch in practice: a linear probe beats hashing here.

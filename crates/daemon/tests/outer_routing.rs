@@ -1,8 +1,9 @@
-//! Source addresses, as the kernel selftest's "saddr" block checks them
+//! The outer path, as the kernel selftest checks it
 //! (`tools/testing/selftests/wireguard/netns.sh`), reproduced with namespaces of our
-//! own: replies leave from the address the peer's packets arrived at (reply to
-//! sender), that address is sticky, but not past its removal or past a newer route
-//! taking over.
+//! own. Source addresses (its "saddr" block): replies leave from the address the
+//! peer's packets arrived at (reply to sender), that address is sticky, but not past
+//! its removal or past a newer route taking over. And a routing loop, the tunnel's
+//! outer traffic routed into itself, stays bounded.
 //!
 //! Topology: two namespaces, each with a wirelane tunnel (192.168.241.1 and .2) and
 //! one end of a veth pair whose addresses each test sets.
@@ -221,4 +222,49 @@ fn a_new_preferred_route_takes_over() {
         "sysctl -qw net.ipv4.conf.{veth4}.rp_filter=0 net.ipv4.conf.all.rp_filter=0"
     ));
     Rig::ping_until_endpoint(&r.ns1, "192.168.241.2", &r.d2, "10.0.0.3:1");
+}
+
+/// A peer's endpoint routed through the tunnel itself: every outer datagram comes back
+/// into the TUN. Encapsulated again, it would loop for ever; it is dropped instead, so
+/// a flood of ten pings sends a bounded number of bytes (the kernel selftest allows
+/// 70,000).
+#[test]
+fn a_routing_loop_through_the_tunnel_stays_bounded() {
+    let r = Rig::new();
+    r.veth_up(&["10.0.0.1/24"], &["10.0.0.2/24"]);
+    r.d1.wg(&format!("set IF peer {} endpoint 10.0.0.2:2", r.k2.public));
+    Rig::ping(&r.ns1, "192.168.241.2");
+    // 192.168.241.2 is the peer's tunnel address, reached through the tunnel.
+    r.d1.wg(&format!(
+        "set IF peer {} endpoint 192.168.241.2:7",
+        r.k2.public
+    ));
+    let tx = |d: &Daemon| -> u64 {
+        let t = d.wg("show IF transfer");
+        t.split_whitespace().nth(2).unwrap().parse().unwrap()
+    };
+    let before = tx(&r.d1);
+    let o = r.ns1.try_run("ping -W 1 -c 10 -f 192.168.241.2");
+    assert!(!o.status.success(), "the peer cannot be reached any more");
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    let sent = tx(&r.d1) - before;
+    assert!(sent < 70_000, "{sent} bytes sent for ten pings");
+    let stats = r.d1.wg("show IF dump"); // still answering
+    assert!(!stats.is_empty());
+    let looped: u64 = uapi_stat(&r.d1.ifname, "tx_routing_loop");
+    assert!(looped >= 10, "{looped} looped datagrams dropped");
+}
+
+/// One counter of the daemon's `stats=1` answer.
+fn uapi_stat(ifname: &str, name: &str) -> u64 {
+    use std::io::{Read, Write};
+    let mut s = std::os::unix::net::UnixStream::connect(socket_path(ifname)).unwrap();
+    s.write_all(b"stats=1\n\n").unwrap();
+    s.shutdown(std::net::Shutdown::Write).unwrap();
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    out.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name}=")))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in {out}"))
 }
