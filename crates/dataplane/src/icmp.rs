@@ -125,21 +125,18 @@ fn unreachable_v6(orig: &[u8], src: Ipv6Addr) -> Option<Vec<u8>> {
     if !single_host_v6(&o_src) || !single_host_v6(&o_dst) || !single_host_v6(&src) {
         return None;
     }
-    match orig[6] {
+    let answerable = match orig[6] {
         // ICMPv6 directly after the header: errors (types below 128) get no error.
-        58 => {
-            if *orig.get(40)? < 128 {
-                return None;
-            }
-        }
+        58 => *orig.get(40)? >= 128,
         // A fragment header: only the first fragment (offset 0) is answered.
         44 => {
             let frag = orig.get(40..48)?;
-            if u16::from_be_bytes([frag[2], frag[3]]) >> 3 != 0 {
-                return None;
-            }
+            u16::from_be_bytes([frag[2], frag[3]]) >> 3 == 0
         }
-        _ => {}
+        _ => true,
+    };
+    if !answerable {
+        return None;
     }
     let quoted = &orig[..orig.len().min(V6_MAX_ERROR - 48)];
     let payload_len = 8 + quoted.len();
