@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite: formatting, lints, unit and protocol tests, the network
-# namespace integration tests against wireguard-go and boringtun, Miri and
-# AddressSanitizer runs (scripts/sanitize.sh), and every fuzz target for a minute
-# (FUZZ_SECONDS). Run as root on Debian;
-# it installs what it needs first.
+# namespace integration tests against wireguard-go and boringtun, wireguard-go's own
+# tests/netns.sh run unmodified against wirelane, Miri and AddressSanitizer runs
+# (scripts/sanitize.sh), and every fuzz target for a minute (FUZZ_SECONDS). Run as root
+# on Debian; it installs what it needs first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
@@ -17,6 +17,8 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "== cargo test"
 # Namespace tests share /var/run/wireguard; names are unique, so two at a time is safe.
 cargo test --workspace --locked -- --test-threads 2
+echo "== wireguard-go's tests/netns.sh against wirelane"
+bash scripts/third-party.sh target/debug/wirelane
 echo "== Miri and AddressSanitizer"
 bash scripts/sanitize.sh
 echo "== fuzz targets, ${FUZZ_SECONDS:-60} s each"

@@ -106,14 +106,12 @@ fn background_start_and_socket_removal_stops_it() {
     let ns = Netns::new();
     let ifname = unique("wb");
     let bin = env!("CARGO_BIN_EXE_wirelane");
-    let started = Instant::now();
     ns.run(&format!("{bin} {ifname}"));
     // When the launcher returns, interface and socket already exist.
     assert!(link_exists(&ns, &ifname));
     let sock = socket_path(&ifname);
     let mode = std::fs::metadata(&sock).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o600, "UAPI socket must be private");
-    assert!(started.elapsed() < Duration::from_secs(10));
     std::fs::remove_file(&sock).unwrap();
     wait_until(
         "interface removal after socket deletion",

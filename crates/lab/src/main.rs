@@ -393,6 +393,15 @@ fn crosscheck(which: &str, secs: f64, repeats: usize) -> Result<()> {
     if !(0.5..=60.0).contains(&secs) || !(1..=20).contains(&repeats) {
         return Err("--seconds must be 0.5..=60 and --repeats 1..=20".into());
     }
+    let m = wirelane_lab::crosscheck::meter(which.parse()?, secs)?;
+    println!(
+        "one transfer: the lab read {} bytes, the receiving interface took {} ({:.1}% \
+         headers and retransmissions; {} segments retransmitted)",
+        m.lab_bytes,
+        m.interface_bytes,
+        (1.0 - m.ratio()) * 100.0,
+        m.retransmits
+    );
     let c = wirelane_lab::crosscheck::run(which.parse()?, secs, repeats)?;
     let g = |v: &[f64]| {
         v.iter()

@@ -56,20 +56,17 @@ fn smoke_matrix_results_and_report() {
             assert!(!r.cpu.cores.is_empty() && !r.cpu.threads.is_empty());
         }
     }
-    // Plausible: non-zero everywhere, and the plain path above every tunnel.
-    let goodput = |imp: &str| {
-        recs.iter()
+    // Every implementation moved intact data. How fast is the lab's question, not the
+    // test's: figures on a busy machine say nothing about the code.
+    for imp in ["none", "wirelane", "wireguard-go"] {
+        let r = recs
+            .iter()
             .find(|r| r.implementation == imp && r.cell_id.starts_with("tcp"))
-            .and_then(|r| r.goodput_bps())
-            .unwrap()
-    };
-    for imp in ["wirelane", "wireguard-go"] {
-        assert!(goodput(imp) > 1e6, "{imp}: {}", goodput(imp));
+            .unwrap();
         assert!(
-            goodput("none") > goodput(imp),
-            "none {} vs {imp} {}",
-            goodput("none"),
-            goodput(imp)
+            !r.tcp.is_empty() && r.tcp.iter().all(|t| t.bytes > 0 && t.corrupt_bytes == 0),
+            "{imp}: {:?}",
+            r.tcp
         );
     }
     for r in recs.iter().filter(|r| r.cell_id.starts_with("rr")) {
@@ -79,22 +76,26 @@ fn smoke_matrix_results_and_report() {
             "{l:?}"
         );
     }
-    // The 10% loss set on the relay is what the UDP receiver observes (±3 points), and
-    // what the relay itself counted.
+    // The 10% loss set on the relay is what it drew (±2 points over thousands of
+    // draws), and what the UDP receiver observes of the datagrams that reached the
+    // tunnel (±3 points): losses the kernel counted at either host, which a busy
+    // machine adds, are set aside.
     for r in recs
         .iter()
         .filter(|r| r.cell_id.contains("loss10%") && r.error.is_none())
     {
         let u = r.udp.unwrap();
-        assert!(
-            (7.0..=13.0).contains(&u.loss_pct),
-            "{}: loss {}%",
-            r.implementation,
-            u.loss_pct
-        );
         let relay = &r.relay[0];
         let dropped = relay.dropped as f64 * 100.0 / relay.received as f64;
         assert!((8.0..=12.0).contains(&dropped), "relay dropped {dropped}%");
+        let entered = u.sent.saturating_sub(u.sender_drops).max(1);
+        let in_tunnel = u.lost.saturating_sub(u.sender_drops + u.receiver_drops);
+        let loss = in_tunnel as f64 * 100.0 / entered as f64;
+        assert!(
+            (dropped - 3.0..=dropped + 3.0).contains(&loss),
+            "{}: {loss:.1}% lost in the tunnel, the relay dropped {dropped:.1}%: {u:?}",
+            r.implementation
+        );
         assert_eq!(u.duplicates, 0);
     }
     // Unimpaired UDP through a tunnel: nothing reordered or duplicated.
