@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
-use wirelane_dataplane::Device;
+use wirelane_dataplane::{Interface, Runtime};
 use wirelane_io::poll::{wait_readable, Ready};
 
 pub const SOCKET_DIR: &str = "/var/run/wireguard";
@@ -115,11 +115,11 @@ impl UapiListener {
     }
 
     /// Starts the accept thread; it stops when the device stops.
-    pub fn serve(&self, dev: Arc<Device>) -> io::Result<JoinHandle<()>> {
+    pub fn serve(&self, dev: Arc<Interface>, rt: Arc<Runtime>) -> io::Result<JoinHandle<()>> {
         let listener = self.listener.try_clone()?;
         std::thread::Builder::new()
             .name("wl-uapi".into())
-            .spawn(move || accept_loop(listener, dev))
+            .spawn(move || accept_loop(listener, dev, rt))
     }
 
     /// Removes the socket file if it is still ours.
@@ -148,7 +148,7 @@ fn watch_path(path: &Path) -> io::Result<OwnedFd> {
     Ok(fd)
 }
 
-fn accept_loop(listener: UnixListener, dev: Arc<Device>) {
+fn accept_loop(listener: UnixListener, dev: Arc<Interface>, rt: Arc<Runtime>) {
     let clients = Arc::new(AtomicUsize::new(0));
     while !dev.stopping() {
         match wait_readable(listener.as_raw_fd(), &dev.waker, -1) {
@@ -170,11 +170,11 @@ fn accept_loop(listener: UnixListener, dev: Arc<Device>) {
         };
         let _ = stream.set_nonblocking(false);
         clients.fetch_add(1, Ordering::AcqRel);
-        let (d, c) = (dev.clone(), clients.clone());
+        let (d, r, c) = (dev.clone(), rt.clone(), clients.clone());
         let spawned = std::thread::Builder::new()
             .name("wl-uapi-conn".into())
             .spawn(move || {
-                if let Err(e) = uapi::serve_connection(stream, &d) {
+                if let Err(e) = uapi::serve_connection(stream, &d, &r) {
                     tracing::debug!(error = %e, "UAPI connection ended with an error");
                 }
                 c.fetch_sub(1, Ordering::AcqRel);

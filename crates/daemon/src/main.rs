@@ -7,8 +7,8 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::process::ExitCode;
 use std::sync::Arc;
 use wirelane_daemon::{daemonize, listener, privileges};
-use wirelane_dataplane::exec::{workqueue, Model};
-use wirelane_dataplane::{Device, Sockets};
+use wirelane_dataplane::exec::{Model, MAX_WORKERS};
+use wirelane_dataplane::{Interface, Runtime, Sockets};
 use wirelane_io::tun::Tun;
 
 #[derive(Parser, Debug)]
@@ -38,7 +38,9 @@ struct Cli {
           value_parser = ["error", "warn", "info", "debug", "trace", "off"])]
     log_level: String,
 
-    /// Execution model that runs the pipeline stages.
+    /// Execution model that runs the pipeline stages: workqueue (one pool, every
+    /// stage at equal priority), threaded (a thread per peer for its serial stages) or
+    /// softirq (a higher-priority poller per core, as the kernel; for study).
     #[arg(long, value_name = "MODEL", default_value = "workqueue")]
     model: Model,
 
@@ -47,7 +49,8 @@ struct Cli {
     no_offloads: bool,
 
     /// Crypt worker threads (default: one per online CPU).
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=1024))]
+    #[arg(long, value_name = "N",
+          value_parser = clap::value_parser!(u16).range(1..=MAX_WORKERS as i64))]
     workers: Option<u16>,
 
     /// Name of the interface to create, 1 to 15 characters.
@@ -115,7 +118,7 @@ enum Stop {
     DeviceFailed(String),
 }
 
-fn wait_for_stop(sig: &OwnedFd, uapi: &listener::UapiListener, dev: &Device) -> Stop {
+fn wait_for_stop(sig: &OwnedFd, uapi: &listener::UapiListener, dev: &Interface) -> Stop {
     loop {
         let mut fds = [
             libc::pollfd {
@@ -170,12 +173,17 @@ fn run(cli: &Cli, readiness: &mut daemonize::Readiness) -> Result<(), String> {
     let tun = listener::retry_while_exiting(|| Tun::create(&cli.ifname, !cli.no_offloads))
         .map_err(|e| format!("cannot create TUN interface '{}': {e}", cli.ifname))?;
     let sockets = Sockets::bind(0, 0).map_err(|e| format!("cannot bind UDP sockets: {e}"))?;
-    let dev = Device::new(tun, sockets).map_err(|e| format!("cannot create device: {e}"))?;
+    let dev = Interface::new(Box::new(tun), sockets)
+        .map_err(|e| format!("cannot create the interface: {e}"))?;
     let uapi = listener::UapiListener::bind(&cli.ifname)
         .map_err(|e| format!("cannot create UAPI socket: {e}"))?;
     // Setup is done: keep only what the UAPI may still need, before any thread exists.
-    let kept = privileges::drop_all_but(&privileges::KEPT)
-        .map_err(|e| format!("cannot drop capabilities: {e}"))?;
+    let keep: &[u32] = match cli.model {
+        Model::Softirq => &privileges::KEPT_SOFTIRQ,
+        _ => &privileges::KEPT,
+    };
+    let kept =
+        privileges::drop_all_but(keep).map_err(|e| format!("cannot drop capabilities: {e}"))?;
     tracing::debug!(
         capabilities = format_args!("{kept:#x}"),
         "capabilities kept"
@@ -184,12 +192,14 @@ fn run(cli: &Cli, readiness: &mut daemonize::Readiness) -> Result<(), String> {
         .workers
         .map(usize::from)
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    let running = match cli.model {
-        Model::Workqueue => workqueue::start(dev.clone(), workers),
-    }
-    .map_err(|e| format!("cannot start workers: {e}"))?;
+    let runtime = Arc::new(
+        Runtime::start(cli.model, workers).map_err(|e| format!("cannot start workers: {e}"))?,
+    );
+    runtime
+        .serve(&dev)
+        .map_err(|e| format!("cannot start the interface's readers: {e}"))?;
     let accept = uapi
-        .serve(dev.clone())
+        .serve(dev.clone(), runtime.clone())
         .map_err(|e| format!("cannot start UAPI server: {e}"))?;
     tracing::info!(
         interface = %dev.tun.name(),
@@ -210,8 +220,8 @@ fn run(cli: &Cli, readiness: &mut daemonize::Readiness) -> Result<(), String> {
     // The socket goes first: from here on a new daemon for this interface (a restart,
     // `wg-quick down; wg-quick up`) finds the name free, while the threads below stop.
     uapi.remove();
-    running.stop();
-    tracing::info!(stats = ?dev.stats, "final interface counters");
+    runtime.stop();
+    tracing::info!(stats = ?dev.stats.fields(), "final interface counters");
     let _ = accept.join();
     // The TUN interface disappears when its last descriptor closes with the device.
     drop(Arc::try_unwrap(dev).ok());

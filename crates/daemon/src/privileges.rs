@@ -3,7 +3,9 @@
 //! After setup the daemon still needs two capabilities:
 //! - CAP_NET_ADMIN, for `fwmark` (SO_MARK) and forced socket buffer sizes when the UAPI
 //!   rebinds the UDP sockets;
-//! - CAP_NET_BIND_SERVICE, for a UAPI `listen_port` below 1024.
+//! - CAP_NET_BIND_SERVICE, for a UAPI `listen_port` below 1024;
+//! - with `--model softirq` only, CAP_SYS_NICE, with which its pollers take SCHED_FIFO
+//!   (the model exists to reproduce the kernel's priorities).
 //!
 //! Everything else leaves the effective, permitted and inheritable sets, the ambient set
 //! and the bounding set, and no_new_privs is set, so nothing exec'd later could regain it.
@@ -16,10 +18,13 @@ use std::io;
 
 pub const CAP_NET_BIND_SERVICE: u32 = 10;
 pub const CAP_NET_ADMIN: u32 = 12;
+pub const CAP_SYS_NICE: u32 = 23;
 const CAP_SETPCAP: u32 = 8;
 
 /// What the daemon keeps.
 pub const KEPT: [u32; 2] = [CAP_NET_ADMIN, CAP_NET_BIND_SERVICE];
+/// What it keeps under the `softirq` model.
+pub const KEPT_SOFTIRQ: [u32; 3] = [CAP_NET_ADMIN, CAP_NET_BIND_SERVICE, CAP_SYS_NICE];
 
 const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
 

@@ -12,9 +12,9 @@ use std::net::SocketAddr;
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 use std::time::Duration;
-use wirelane_dataplane::config::ApplyError;
-use wirelane_dataplane::device::SocketRole;
-use wirelane_dataplane::{Device, DeviceSnapshot, DeviceUpdate, PeerUpdate};
+use wirelane_dataplane::config::{self, ApplyError};
+use wirelane_dataplane::sockets::SocketRole;
+use wirelane_dataplane::{DeviceSnapshot, DeviceUpdate, Interface, PeerUpdate, Runtime};
 use wirelane_proto::{hex_key, parse_hex_key, Prefix};
 
 /// Longest line we accept; the longest legitimate one is a 64-digit key or an endpoint.
@@ -161,8 +161,10 @@ pub fn format_get(s: &DeviceSnapshot) -> String {
     out
 }
 
-/// The `stats=1` answer: every counter, then the handshake gate's live state.
-pub fn format_stats(dev: &Device) -> String {
+/// The `stats=1` answer: every counter of the interface, the handshake gate's live
+/// state, then the runtime's: its execution model and each of its threads' busy time
+/// and context switches (`thread.NAME.FIELD`), which the interfaces share.
+pub fn format_stats(dev: &Interface, rt: &Runtime) -> String {
     let mut out = String::with_capacity(1024);
     for (name, v) in dev.stats.fields() {
         let _ = writeln!(out, "{name}={v}");
@@ -180,6 +182,23 @@ pub fn format_stats(dev: &Device) -> String {
     let staged_max = table.by_id.values().map(|p| p.staged_len()).max();
     let _ = writeln!(out, "peers={}", table.by_id.len());
     let _ = writeln!(out, "staged_max={}", staged_max.unwrap_or(0));
+    drop(table);
+    let _ = writeln!(out, "model={}", rt.model());
+    let _ = writeln!(out, "workers={}", rt.workers());
+    for t in rt.thread_stats() {
+        let n = &t.name;
+        let _ = writeln!(out, "thread.{n}.busy_ns={}", t.busy_ns);
+        let _ = writeln!(
+            out,
+            "thread.{n}.voluntary_switches={}",
+            t.voluntary_switches
+        );
+        let _ = writeln!(
+            out,
+            "thread.{n}.involuntary_switches={}",
+            t.involuntary_switches
+        );
+    }
     out
 }
 
@@ -209,7 +228,7 @@ fn read_line(r: &mut impl BufRead, buf: &mut Vec<u8>) -> io::Result<Option<Strin
 }
 
 /// Serves requests on one connection until the client closes it or errs.
-pub fn serve_connection(stream: UnixStream, dev: &Arc<Device>) -> io::Result<()> {
+pub fn serve_connection(stream: UnixStream, dev: &Arc<Interface>, rt: &Runtime) -> io::Result<()> {
     stream.set_read_timeout(Some(Duration::from_secs(30)))?;
     let mut reader = BufReader::new(stream.try_clone()?);
     let mut writer = io::BufWriter::new(stream);
@@ -233,7 +252,7 @@ pub fn serve_connection(stream: UnixStream, dev: &Arc<Device>) -> io::Result<()>
                     writer.flush()?;
                     return Ok(());
                 }
-                writer.write_all(format_stats(dev).as_bytes())?;
+                writer.write_all(format_stats(dev, rt).as_bytes())?;
                 writer.write_all(b"errno=0\n\n")?;
             }
             "set=1" => {
@@ -258,7 +277,7 @@ pub fn serve_connection(stream: UnixStream, dev: &Arc<Device>) -> io::Result<()>
                         tracing::warn!(error = %e, "rejected UAPI set request");
                         e.errno
                     }
-                    Ok(update) => match dev.apply(&update) {
+                    Ok(update) => match config::apply(rt.ctx(dev), &update) {
                         Ok(()) => 0,
                         Err(e) => {
                             tracing::warn!(error = %e, "UAPI set request failed");

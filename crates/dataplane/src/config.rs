@@ -6,8 +6,11 @@
 //! everything else is applied under the peer-table write lock, so readers never see a
 //! half-applied update.
 
-use crate::device::{Device, Sockets};
+use crate::interface::{Interface, PeerTable};
 use crate::peer::Peer;
+use crate::sockets::Sockets;
+use crate::stages::protocol::step;
+use crate::stages::StageCtx;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -81,8 +84,14 @@ pub struct DeviceSnapshot {
     pub peers: Vec<PeerSnapshot>,
 }
 
-impl Device {
-    pub fn apply(&self, update: &DeviceUpdate) -> Result<(), ApplyError> {
+/// Applies a validated update to `c.iface` (see the module comment); peers that join or
+/// leave are announced to the scheduler.
+pub fn apply(c: StageCtx<'_>, update: &DeviceUpdate) -> Result<(), ApplyError> {
+    c.iface.apply(c, update)
+}
+
+impl Interface {
+    fn apply(&self, c: StageCtx<'_>, update: &DeviceUpdate) -> Result<(), ApplyError> {
         // Step 1, the fallible one: new sockets if the port changes. Port 0 keeps an
         // existing binding (wg setconf sends listen_port=0 when a file names none).
         let (cur_port, cur_mark) = {
@@ -104,6 +113,8 @@ impl Device {
 
         // Step 2: everything else, under the table lock.
         let mut touched: Vec<(Arc<Peer>, Option<u16>)> = Vec::new();
+        let mut added: Vec<Arc<Peer>> = Vec::new();
+        let mut removed: Vec<Arc<Peer>> = Vec::new();
         {
             let mut table = self.table_mut();
             if let Some(s) = new_sockets {
@@ -112,12 +123,13 @@ impl Device {
                 self.sockets_mut().fwmark = mark;
             }
             if let Some(k) = update.private_key {
-                self.change_identity(&mut table, k);
+                removed.extend(self.change_identity(c, &mut table, k));
             }
             if update.replace_peers {
                 let all: Vec<_> = table.by_id.values().cloned().collect();
                 for p in all {
                     self.forget_peer(&mut table, &p);
+                    removed.push(p);
                 }
             }
             let own = self.identity().map(|i| i.public);
@@ -129,6 +141,7 @@ impl Device {
                 if pu.remove {
                     if let Some(p) = existing {
                         self.forget_peer(&mut table, &p);
+                        removed.push(p);
                     }
                     continue;
                 }
@@ -141,6 +154,7 @@ impl Device {
                         let p = Arc::new(Peer::new(id, pu.public_key, [0; 32]));
                         table.by_key.insert(pu.public_key, p.clone());
                         table.by_id.insert(id, p.clone());
+                        added.push(p.clone());
                         p
                     }
                 };
@@ -166,11 +180,18 @@ impl Device {
                 touched.push((peer, pu.persistent_keepalive));
             }
         }
-        // Step 3: effects that send packets run outside the table lock.
+        // Step 3: effects that send packets, and the scheduler's news, run outside the
+        // table lock.
+        for p in &removed {
+            c.sched.peer_removed(c.iface, p);
+        }
+        for p in added.iter().filter(|p| !p.is_removed()) {
+            c.sched.peer_added(c.iface, p);
+        }
         for (peer, keepalive) in touched {
             if let Some(secs) = keepalive {
                 if !peer.is_removed() {
-                    self.with_peer(&peer, |st, _ctx, out| {
+                    step(c, &peer, |st, _ctx, out| {
                         st.set_persistent_keepalive(secs, out)
                     });
                 }
@@ -179,7 +200,14 @@ impl Device {
         Ok(())
     }
 
-    fn change_identity(&self, table: &mut crate::device::PeerTable, key: [u8; 32]) {
+    /// Installs a new private key; returns the peer it removed, if one had the new
+    /// public key (it would be talking to itself).
+    fn change_identity(
+        &self,
+        c: StageCtx<'_>,
+        table: &mut PeerTable,
+        key: [u8; 32],
+    ) -> Option<Arc<Peer>> {
         // Keys are kept clamped; setting the unclamped form of the current key changes
         // nothing, as in the kernel.
         let key = if key == [0; 32] {
@@ -189,20 +217,23 @@ impl Device {
         };
         let current = self.identity().map(|i| i.private_bytes());
         if current == Some(key) || (current.is_none() && key == [0; 32]) {
-            return;
+            return None;
         }
         let identity = (key != [0; 32]).then(|| Arc::new(LocalIdentity::new(key)));
+        let mut removed = None;
         if let Some(id) = &identity {
             // A peer whose key is now our own would be talking to itself.
             if let Some(p) = table.by_key.get(&id.public).cloned() {
                 self.forget_peer(table, &p);
+                removed = Some(p);
             }
         }
         self.set_identity(identity);
         let peers: Vec<_> = table.by_id.values().cloned().collect();
         for p in peers {
-            self.with_peer(&p, |st, ctx, _| st.local_identity_changed(ctx));
+            step(c, &p, |st, ctx, _| st.local_identity_changed(ctx));
         }
+        removed
     }
 
     pub fn snapshot(&self) -> DeviceSnapshot {

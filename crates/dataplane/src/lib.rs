@@ -1,18 +1,58 @@
 //! wirelane's data plane: the pipeline stages of design.md §4, per-peer ordered queues,
-//! packet batches, and the execution models that run the stages.
+//! packet batches, the scheduling seam and the execution models behind it, and the
+//! runtime that serves one or many interfaces with one set of threads.
+//!
+//! Layering (each module uses only those above it in this list, never back):
+//! `packet`, `pool`, `queue`, `peer`, `stats`, `inner`, `icmp` → `ports`, `sockets`,
+//! `netwatch` → `interface` → `sched` → `stages` (which call only `sched`'s trait) →
+//! `exec` (one module per execution model) and `loops` (the I/O loops no model owns)
+//! → `runtime`. `config` applies UAPI updates through the stages.
+//!
+//! With `--cfg loom`, only the ordered queue is built, for its model checks.
 
+#[cfg(not(loom))]
 pub mod config;
-pub mod device;
+#[cfg(not(loom))]
 pub mod exec;
+#[cfg(not(loom))]
 pub mod icmp;
+#[cfg(not(loom))]
 pub mod inner;
+#[cfg(not(loom))]
+pub mod interface;
+#[cfg(not(loom))]
+pub mod loops;
+#[cfg(not(loom))]
+pub mod memory;
+#[cfg(not(loom))]
 pub mod netwatch;
+#[cfg(not(loom))]
 pub mod packet;
+#[cfg(not(loom))]
 pub mod peer;
+#[cfg(not(loom))]
 pub mod pool;
+#[cfg(not(loom))]
+pub mod ports;
 pub mod queue;
+#[cfg(not(loom))]
+pub mod runtime;
+#[cfg(not(loom))]
+pub mod sched;
+#[cfg(not(loom))]
+pub mod sockets;
+#[cfg(not(loom))]
 pub mod stages;
+#[cfg(not(loom))]
 pub mod stats;
+#[cfg(not(loom))]
+pub mod threads;
 
+#[cfg(not(loom))]
 pub use config::{DeviceSnapshot, DeviceUpdate, PeerSnapshot, PeerUpdate};
-pub use device::{Device, Sockets};
+#[cfg(not(loom))]
+pub use interface::Interface;
+#[cfg(not(loom))]
+pub use runtime::Runtime;
+#[cfg(not(loom))]
+pub use sockets::Sockets;

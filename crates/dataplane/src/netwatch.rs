@@ -59,8 +59,12 @@ pub struct NetWatch {
 impl NetWatch {
     /// Opens the netlink sockets (before privileges are dropped: listening to other
     /// namespaces needs CAP_NET_BROADCAST at this moment) and reads the device's state.
-    /// Without netlink the tunnel still runs, with the MTU it starts with.
-    pub fn new(tun: &Tun) -> NetWatch {
+    /// Without netlink the tunnel still runs, with the MTU it starts with; without a
+    /// real device (an in-memory one) there is nothing to watch.
+    pub fn new(tun: Option<&Tun>) -> NetWatch {
+        let Some(tun) = tun else {
+            return NetWatch::unwatched();
+        };
         let monitor = Monitor::open()
             .inspect_err(|e| tracing::warn!(error = %e, "no rtnetlink notifications"))
             .ok();
@@ -85,6 +89,19 @@ impl NetWatch {
         };
         watch.refresh_tun(tun);
         watch
+    }
+
+    fn unwatched() -> NetWatch {
+        NetWatch {
+            monitor: None,
+            rtnl: None,
+            generation: AtomicU64::new(1),
+            mtu: AtomicU32::new(wirelane_io::tun::DEFAULT_MTU),
+            tun: Mutex::default(),
+            mtu_routes: RwLock::new(None),
+            mtu_route_list: Mutex::default(),
+            host_addrs: Mutex::default(),
+        }
     }
 
     /// The notification socket the timer thread polls, if there is one.
@@ -126,7 +143,8 @@ impl NetWatch {
 
     /// Handles every pending notification. Called by the timer thread when the
     /// monitor is readable.
-    pub fn handle(&self, tun: &Tun) {
+    pub fn handle(&self, tun: Option<&Tun>) {
+        let Some(tun) = tun else { return };
         let events: Vec<Event> = self
             .monitor
             .as_ref()

@@ -4,6 +4,7 @@
 //! Lock order (outermost first): device peer table → `state` → index table. The state
 //! mutex is held only for protocol bookkeeping, never during crypto or I/O.
 
+use crate::packet::Batch;
 use crate::packet::Packet;
 use crate::queue::OrderedQueue;
 use std::collections::VecDeque;
@@ -23,8 +24,8 @@ pub struct Peer {
     pub public_key: [u8; 32],
     state: Mutex<PeerState>,
     staged: Mutex<VecDeque<Packet>>,
-    pub tx_queue: OrderedQueue,
-    pub rx_queue: OrderedQueue,
+    pub tx_queue: OrderedQueue<Batch>,
+    pub rx_queue: OrderedQueue<Batch>,
     pub rx_bytes: AtomicU64,
     pub tx_bytes: AtomicU64,
     removed: AtomicBool,

@@ -1,5 +1,6 @@
 //! Interface-wide counters. Relaxed atomics: they are statistics, not synchronisation.
 
+use crate::queue::Drained;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Declares the counters once: the struct, and `fields()` listing them by name (for the
@@ -9,12 +10,21 @@ macro_rules! counters {
         #[derive(Default, Debug)]
         pub struct Stats {
             $($(#[$doc])* pub $name: AtomicU64,)*
+            /// Packets handled per serial-stage invocation, in buckets of powers of two:
+            /// bucket `i` counts invocations that handled `[2^(i-1), 2^i)` packets, and
+            /// bucket 0 those that handled none.
+            pub serial_packets_hist: [AtomicU64; SERIAL_HIST_BUCKETS],
         }
 
         impl Stats {
-            /// Every counter with its name, in declaration order.
-            pub fn fields(&self) -> Vec<(&'static str, u64)> {
-                vec![$((stringify!($name), self.$name.load(Ordering::Relaxed)),)*]
+            /// Every counter with its name, in declaration order, then the histogram's
+            /// buckets as `serial_packets_hist_LOWER` (their lower bounds).
+            pub fn fields(&self) -> Vec<(String, u64)> {
+                let mut v = vec![$((stringify!($name).to_string(), self.$name.load(Ordering::Relaxed)),)*];
+                for (i, b) in self.serial_packets_hist.iter().enumerate() {
+                    v.push((format!("serial_packets_hist_{}", hist_lower_bound(i)), b.load(Ordering::Relaxed)));
+                }
+                v
             }
         }
     };
@@ -67,20 +77,81 @@ counters! {
     handshakes_completed,
     /// Diffie-Hellman operations spent on received handshake messages.
     handshake_dh,
-    /// Serial-stage invocations and the batches they handled (EoI signatures).
-    serial_runs,
+    /// Serial-stage invocations (ordered flush or delivery), the execution-order
+    /// signatures of design.md §4: how many ran, the batches and packets they handled,
+    /// how many found nothing ready ("empty polls"), how many stopped at a head batch
+    /// whose crypt stage had not finished, and how many used up a budget with more
+    /// ready (the `softirq` model's NAPI budget).
+    serial_invocations,
     serial_batches,
-    serial_empty_runs,
+    serial_packets,
+    serial_empty_polls,
+    serial_head_pending,
+    serial_budget_exhausted,
+}
+
+/// Buckets of [`Stats::serial_packets_hist`]: 0, 1, 2–3, … 512–1023, 1024 and more.
+pub const SERIAL_HIST_BUCKETS: usize = 12;
+
+/// The smallest packet count bucket `i` holds.
+pub fn hist_lower_bound(i: usize) -> u64 {
+    match i {
+        0 => 0,
+        i => 1 << (i - 1),
+    }
+}
+
+fn hist_bucket(packets: usize) -> usize {
+    let bits = (usize::BITS - packets.leading_zeros()) as usize;
+    bits.min(SERIAL_HIST_BUCKETS - 1)
 }
 
 impl Stats {
-    /// Records one serial-stage invocation that handled `batches` batches.
-    pub fn record_serial_run(&self, batches: usize) {
-        self.serial_runs.fetch_add(1, Ordering::Relaxed);
-        self.serial_batches
-            .fetch_add(batches as u64, Ordering::Relaxed);
-        if batches == 0 {
-            self.serial_empty_runs.fetch_add(1, Ordering::Relaxed);
+    /// Records one serial-stage invocation.
+    pub fn record_serial_run(&self, d: &Drained) {
+        let add = |c: &AtomicU64, n: usize| c.fetch_add(n as u64, Ordering::Relaxed);
+        add(&self.serial_invocations, 1);
+        add(&self.serial_batches, d.batches);
+        add(&self.serial_packets, d.packets);
+        add(&self.serial_empty_polls, usize::from(d.packets == 0));
+        add(&self.serial_head_pending, usize::from(d.head_pending));
+        add(&self.serial_budget_exhausted, usize::from(d.more));
+        add(&self.serial_packets_hist[hist_bucket(d.packets)], 1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histogram_buckets_are_powers_of_two() {
+        let cases = [
+            (0, 0),
+            (1, 1),
+            (2, 2),
+            (3, 2),
+            (4, 3),
+            (63, 6),
+            (64, 7),
+            (5000, 11),
+        ];
+        for (packets, bucket) in cases {
+            assert_eq!(hist_bucket(packets), bucket, "{packets}");
+            assert!(hist_lower_bound(bucket) <= packets as u64);
         }
+        let s = Stats::default();
+        s.record_serial_run(&Drained {
+            batches: 2,
+            packets: 70,
+            more: true,
+            head_pending: false,
+        });
+        let f = s.fields();
+        let get = |k: &str| f.iter().find(|(n, _)| n == k).unwrap().1;
+        assert_eq!(get("serial_packets"), 70);
+        assert_eq!(get("serial_packets_hist_64"), 1);
+        assert_eq!(get("serial_budget_exhausted"), 1);
+        assert_eq!(get("serial_empty_polls"), 0);
     }
 }

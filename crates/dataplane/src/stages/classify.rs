@@ -1,16 +1,20 @@
 //! Stage RX-2, classify. Input: received datagrams in arrival order. Output: handshake
 //! messages to the gate (`stages::gate`), whose cookie replies leave together once the
-//! batch is classified; transport messages grouped into batches
-//! by receiver index (O(1) hash lookup) and entered into their peer's ordered RX queue
-//! and the crypt queue, in arrival order. Everything else is dropped and counted.
+//! batch is classified; transport messages grouped into batches by receiver index
+//! (O(1) hash lookup), each entered into its peer's ordered RX queue and then handed
+//! to the scheduler as crypt work, in arrival order. Everything else is dropped and
+//! counted. Runs on a UDP reader, which may wait for room in a peer's queue
+//! (backpressure) but never runs crypto of its own unless the model says so.
 
-use crate::device::Device;
-use crate::exec::Work;
+use super::gate::Replies;
+use super::StageCtx;
 use crate::packet::{Batch, Packet};
+use crate::sched::{CryptWork, Direction};
 use std::sync::atomic::Ordering;
 use wirelane_proto::messages::{classify as kind_of, Kind, TransportHeader};
 
-pub fn classify(dev: &Device, packets: Vec<Packet>) {
+pub fn classify(c: StageCtx<'_>, packets: Vec<Packet>, replies: &mut Replies) {
+    let dev = c.iface;
     let now = dev.now();
     // Runs of consecutive packets for the same receiver index become one batch.
     let mut run: Option<(u32, Vec<Packet>)> = None;
@@ -25,7 +29,7 @@ pub fn classify(dev: &Device, packets: Vec<Packet>) {
                     Some((idx, v)) if *idx == h.receiver => v.push(p),
                     _ => {
                         if let Some((idx, v)) = run.take() {
-                            dispatch(dev, idx, v, now);
+                            dispatch(c, idx, v, now);
                         }
                         run = Some((h.receiver, vec![p]));
                     }
@@ -33,19 +37,20 @@ pub fn classify(dev: &Device, packets: Vec<Packet>) {
             }
             // The gate copies what it admits, so the packet's buffer goes back to the
             // pool either way.
-            Ok(kind) => super::gate::admit(dev, kind, dgram, src, p.local),
+            Ok(kind) => super::gate::admit(c, kind, dgram, src, p.local, replies),
             Err(_) => {
                 dev.stats.rx_malformed.fetch_add(1, Ordering::Relaxed);
             }
         }
     }
     if let Some((idx, v)) = run {
-        dispatch(dev, idx, v, now);
+        dispatch(c, idx, v, now);
     }
-    super::gate::flush_replies(dev);
+    super::gate::flush_replies(c, replies);
 }
 
-fn dispatch(dev: &Device, index: u32, packets: Vec<Packet>, now: std::time::Duration) {
+fn dispatch(c: StageCtx<'_>, index: u32, packets: Vec<Packet>, now: std::time::Duration) {
+    let dev = c.iface;
     let n = packets.len();
     let found = dev.peer_by_index(index).and_then(|peer| {
         let kp = peer.state().keypair_for(index, now);
@@ -63,7 +68,11 @@ fn dispatch(dev: &Device, index: u32, packets: Vec<Packet>, now: std::time::Dura
         .wait_for_room(n, std::time::Duration::from_millis(100));
     let batch = Batch::new(peer.clone(), kp, packets);
     if peer.rx_queue.push(batch.clone(), n) {
-        dev.submit(Work::Decrypt(batch));
+        c.sched.submit_crypt(CryptWork {
+            iface: dev.clone(),
+            batch,
+            dir: Direction::Rx,
+        });
     } else {
         dev.stats
             .rx_queue_full

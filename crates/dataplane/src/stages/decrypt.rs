@@ -1,17 +1,22 @@
 //! Stage RX-3, decrypt (parallel). Input: a batch of transport messages for one
 //! keypair. Output: the same batch opened in place, each packet flagged ok or not, and
-//! marked done; the peer's RX delivery is scheduled if it was not already. No per-peer
-//! lock: the replay check waits for the ordered stage.
+//! marked done; the peer's RX delivery is handed to the scheduler if it was not
+//! scheduled already (the hand-off of `sched`). No per-peer lock: the replay check
+//! waits for the ordered stage.
 
-use crate::device::Device;
-use crate::exec::Work;
+use super::StageCtx;
 use crate::packet::Batch;
+use crate::sched::{Direction, SerialWork};
 use std::sync::Arc;
 
-pub fn decrypt(dev: &Device, batch: Arc<Batch>) {
+pub fn decrypt(c: StageCtx<'_>, batch: Arc<Batch>) {
     open_batch(&batch);
     if batch.peer.rx_queue.schedule() {
-        dev.submit(Work::DeliverRx(batch.peer.clone()));
+        c.sched.schedule_serial(SerialWork {
+            iface: c.iface.clone(),
+            peer: batch.peer.clone(),
+            dir: Direction::Rx,
+        });
     }
 }
 

@@ -1,18 +1,22 @@
 //! Stage TX-4, encrypt (parallel). Input: a batch with assigned counters. Output: the
 //! same batch sealed in place (header, padded payload, tag) and marked done; the peer's
-//! TX flush is scheduled if it was not already. Any worker may run any batch: there is
-//! no per-peer lock here.
+//! TX flush is handed to the scheduler if it was not scheduled already. Any worker may
+//! run any batch: there is no per-peer lock here.
 
-use crate::device::Device;
-use crate::exec::Work;
+use super::StageCtx;
 use crate::packet::{Batch, HEADROOM};
+use crate::sched::{Direction, SerialWork};
 use std::sync::Arc;
 use wirelane_proto::messages::padded_len;
 
-pub fn encrypt(dev: &Device, batch: Arc<Batch>) {
-    seal_batch(&batch, dev.mtu());
+pub fn encrypt(c: StageCtx<'_>, batch: Arc<Batch>) {
+    seal_batch(&batch, c.iface.mtu());
     if batch.peer.tx_queue.schedule() {
-        dev.submit(Work::FlushTx(batch.peer.clone()));
+        c.sched.schedule_serial(SerialWork {
+            iface: c.iface.clone(),
+            peer: batch.peer.clone(),
+            dir: Direction::Tx,
+        });
     }
 }
 

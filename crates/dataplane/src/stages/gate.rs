@@ -17,8 +17,8 @@
 //! the flood off the queue, so the flood's own rate of cookie replies keeps the mode on
 //! ([`ReplyRate`]).
 
-use crate::device::{Device, UNDER_LOAD_AFTER, UNDER_LOAD_THRESHOLD};
-use std::cell::RefCell;
+use super::StageCtx;
+use crate::interface::{Interface, UNDER_LOAD_AFTER, UNDER_LOAD_THRESHOLD};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -34,10 +34,10 @@ pub const COOKIE_REPLY_BATCH: usize = 64;
 /// (the reply leaves from there).
 type Reply = ([u8; COOKIE_REPLY_LEN], SocketAddr, Option<LocalAddr>);
 
-thread_local! {
-    /// This reader's cookie replies not sent yet. Empty between receive batches.
-    static REPLIES: RefCell<Vec<Reply>> = const { RefCell::new(Vec::new()) };
-}
+/// One UDP reader's cookie replies not sent yet: empty between receive batches. The
+/// reader owns it (and its allocation) and passes it through `classify`.
+#[derive(Default)]
+pub struct Replies(Vec<Reply>);
 
 /// Cookie replies counted per window of [`UNDER_LOAD_AFTER`]. While the gate answers
 /// at least [`UNDER_LOAD_THRESHOLD`] in a window, each further reply renews under-load
@@ -69,10 +69,23 @@ impl ReplyRate {
 
 /// Screens one handshake message (see the module comment). Cookie replies received go
 /// straight to the queue: they need the peer's state, and carry nothing to screen.
-pub fn admit(dev: &Device, kind: Kind, bytes: &[u8], src: SocketAddr, local: Option<LocalAddr>) {
+pub fn admit(
+    c: StageCtx<'_>,
+    kind: Kind,
+    bytes: &[u8],
+    src: SocketAddr,
+    local: Option<LocalAddr>,
+    replies: &mut Replies,
+) {
+    let dev = c.iface;
+    let queue = |kind| {
+        if dev.queue_handshake(kind, bytes, src, local) {
+            c.sched.submit_handshake(dev);
+        }
+    };
     let Some(sender) = handshake_sender(bytes) else {
         if kind == Kind::CookieReply {
-            dev.queue_handshake(kind, bytes, src, local);
+            queue(kind);
         }
         return;
     };
@@ -81,20 +94,19 @@ pub fn admit(dev: &Device, kind: Kind, bytes: &[u8], src: SocketAddr, local: Opt
         let mut gate = dev.gate();
         // No private key yet: nothing could answer the message.
         let Some(gate) = gate.as_mut() else { return };
-        Device::with_step_rng(|rng| gate.admit(bytes, sender, &src, under_load, dev.now(), rng))
+        super::protocol::with_step_rng(|rng| {
+            gate.admit(bytes, sender, &src, under_load, dev.now(), rng)
+        })
     };
     let counter = match verdict {
-        GateVerdict::Process => return dev.queue_handshake(kind, bytes, src, local),
+        GateVerdict::Process => return queue(kind),
         GateVerdict::SendCookieReply(reply) => {
             if dev.cookie_reply_rate.note(dev.now().as_nanos() as u64) {
                 dev.renew_under_load();
             }
-            let full = REPLIES.with_borrow_mut(|r| {
-                r.push((reply.to_bytes(), src, local));
-                r.len() >= COOKIE_REPLY_BATCH
-            });
-            if full {
-                flush_replies(dev);
+            replies.0.push((reply.to_bytes(), src, local));
+            if replies.0.len() >= COOKIE_REPLY_BATCH {
+                flush_replies(c, replies);
             }
             return;
         }
@@ -104,14 +116,18 @@ pub fn admit(dev: &Device, kind: Kind, bytes: &[u8], src: SocketAddr, local: Opt
     counter.fetch_add(1, Ordering::Relaxed);
 }
 
-/// Sends this reader's pending cookie replies, one batch per socket. Never waits for
+/// Sends the reader's pending cookie replies, one batch per socket. Never waits for
 /// room: a reply that does not fit is dropped (the initiator retries), and the socket
 /// table lock is not held while sending, so a UAPI rebind never waits behind a flood.
-pub fn flush_replies(dev: &Device) {
-    if REPLIES.with_borrow(Vec::is_empty) {
+pub fn flush_replies(c: StageCtx<'_>, pending: &mut Replies) {
+    if pending.0.is_empty() {
         return;
     }
-    let mut replies = REPLIES.take();
+    send_replies(c.iface, &pending.0);
+    pending.0.clear();
+}
+
+fn send_replies(dev: &Interface, replies: &[Reply]) {
     // A copy of the socket handles, so the table lock is released before sending.
     let sockets = dev.sockets().clone();
     let mut sent = 0;
@@ -136,9 +152,6 @@ pub fn flush_replies(dev: &Device) {
     stats
         .cookie_replies_unsent
         .fetch_add((replies.len() - sent) as u64, Ordering::Relaxed);
-    // Hand the allocation back for the next batch.
-    replies.clear();
-    REPLIES.set(replies);
 }
 
 #[cfg(test)]

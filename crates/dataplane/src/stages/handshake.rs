@@ -7,7 +7,9 @@
 //! costs one BLAKE2s and no Diffie-Hellman, and under load a valid mac2 (cookie) and the
 //! per-source rate limit are required too. What reaches this stage is worth its DH.
 
-use crate::device::{Device, HandshakeJob};
+use super::protocol::step;
+use super::StageCtx;
+use crate::interface::HandshakeJob;
 use std::sync::atomic::Ordering;
 use wirelane_proto::handshake::consume_initiation_phase1;
 use wirelane_proto::messages::{CookieReply, Initiation, Kind, Response};
@@ -17,14 +19,15 @@ enum Message {
     Response(Response),
 }
 
-pub fn process(dev: &Device, job: HandshakeJob) {
+pub fn process(c: StageCtx<'_>, job: HandshakeJob) {
+    let dev = c.iface;
     let Some(identity) = dev.identity() else {
         return;
     };
     let msg = match job.kind {
         Kind::Initiation => Initiation::parse(&job.bytes).map(Message::Initiation),
         Kind::Response => Response::parse(&job.bytes).map(Message::Response),
-        Kind::CookieReply => return consume_cookie_reply(dev, &job),
+        Kind::CookieReply => return consume_cookie_reply(c, &job),
         Kind::Transport => return,
     };
     let Ok(msg) = msg else { return };
@@ -42,7 +45,7 @@ pub fn process(dev: &Device, job: HandshakeJob) {
             dev.stats.handshake_dh.fetch_add(3, Ordering::Relaxed);
             peer.rx_bytes
                 .fetch_add(job.bytes.len() as u64, Ordering::Relaxed);
-            let r = dev.with_peer(&peer, |state, ctx, out| {
+            let r = step(c, &peer, |state, ctx, out| {
                 let r = state.consume_initiation(ctx, phase1, job.src, out);
                 // Before the response leaves (after this closure): it must leave from
                 // the address the initiation arrived at.
@@ -61,7 +64,7 @@ pub fn process(dev: &Device, job: HandshakeJob) {
             dev.stats.handshake_dh.fetch_add(2, Ordering::Relaxed);
             peer.rx_bytes
                 .fetch_add(job.bytes.len() as u64, Ordering::Relaxed);
-            let r = dev.with_peer(&peer, |state, ctx, out| {
+            let r = step(c, &peer, |state, ctx, out| {
                 state.consume_response(ctx, &msg, job.src, out)
             });
             (peer, r)
@@ -82,16 +85,16 @@ pub fn process(dev: &Device, job: HandshakeJob) {
     }
 }
 
-fn consume_cookie_reply(dev: &Device, job: &HandshakeJob) {
+fn consume_cookie_reply(c: StageCtx<'_>, job: &HandshakeJob) {
     let Ok(reply) = CookieReply::parse(&job.bytes) else {
         return;
     };
-    let Some(peer) = dev.peer_by_index(reply.receiver) else {
+    let Some(peer) = c.iface.peer_by_index(reply.receiver) else {
         return;
     };
     // A cookie reply is not authenticated by a session: it never moves the endpoint.
     // It may send our initiation again at once, with the cookie (see PeerState).
-    let result = dev.with_peer(&peer, |state, ctx, out| {
+    let result = step(c, &peer, |state, ctx, out| {
         state.consume_cookie_reply(ctx, &reply, out)
     });
     if let Err(e) = result {

@@ -3,10 +3,12 @@
 //! TX: tun_read → route → nonce → encrypt (parallel) → tx_flush (per-peer ordered)
 //! RX: udp_recv → classify → decrypt (parallel) → rx_deliver (per-peer ordered)
 //! and beside them: gate (handshake messages, on the UDP reader) → handshake (its own
-//! bounded queue and thread), and timers.
+//! bounded lanes and thread), and timers. `protocol` is not a stage: it is the protocol
+//! step any of them may take, and carries out what the step asks for.
 //!
-//! Each stage is a plain function over the shared [`crate::device::Device`], so any
-//! execution model, or a test, can drive it.
+//! Each stage is a plain function of a [`StageCtx`]: the interface it works for and the
+//! scheduler behind the seam (`sched`). Stages hand work on only through that trait, so
+//! any execution model, a benchmark or a test with in-memory ports can drive them.
 
 pub mod classify;
 pub mod decrypt;
@@ -14,9 +16,48 @@ pub mod encrypt;
 pub mod gate;
 pub mod handshake;
 pub mod nonce;
+pub mod protocol;
 pub mod route;
 pub mod rx_deliver;
 pub mod timers;
 pub mod tun_read;
 pub mod tx_flush;
 pub mod udp_recv;
+
+use crate::interface::Interface;
+use crate::queue::Drained;
+use crate::sched::{CryptWork, Direction, Scheduler, SerialWork};
+use std::sync::Arc;
+
+/// What every stage is given.
+#[derive(Clone, Copy)]
+pub struct StageCtx<'a> {
+    pub iface: &'a Arc<Interface>,
+    pub sched: &'a dyn Scheduler,
+}
+
+/// Runs one crypt item (seal or open); a model's workers call this.
+pub fn run_crypt(sched: &dyn Scheduler, w: CryptWork) {
+    let c = StageCtx {
+        iface: &w.iface,
+        sched,
+    };
+    match w.dir {
+        Direction::Tx => encrypt::encrypt(c, w.batch),
+        Direction::Rx => decrypt::decrypt(c, w.batch),
+    }
+}
+
+/// Runs one serial item for at most `budget` packets (`usize::MAX`: everything
+/// ready). When the result says [`Drained::more`], the stage is still scheduled and
+/// the caller must run it again.
+pub fn run_serial(sched: &dyn Scheduler, w: &SerialWork, budget: usize) -> Drained {
+    let c = StageCtx {
+        iface: &w.iface,
+        sched,
+    };
+    match w.dir {
+        Direction::Tx => tx_flush::flush(c, &w.peer, budget),
+        Direction::Rx => rx_deliver::deliver(c, &w.peer, budget),
+    }
+}

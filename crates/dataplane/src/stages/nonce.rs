@@ -1,22 +1,47 @@
-//! Stage TX-3, assign nonce. Input: one peer's packets in order. Output: a batch with
-//! consecutive counters under the current keypair, entered into the peer's ordered TX
-//! queue and the shared crypt queue in that same order; or, without a usable session,
-//! the packets are staged and a handshake is started.
+//! Stage TX-3, assign nonce. Input: one peer's packets in order (from `route`, via
+//! [`enqueue_routed`], or staged packets and keepalives from a protocol step). Output:
+//! batches with consecutive counters under the current keypair, each entered into the
+//! peer's ordered TX queue and then handed to the scheduler as crypt work, in that same
+//! order; or, without a usable session, the packets are staged and a handshake is
+//! started.
 //!
 //! Ordering: counters are reserved and the batch is queued while the peer's state lock
 //! is held, so queue order equals counter order even with several TUN readers.
+//!
+//! Backpressure: the TUN reader waits for room in a full peer queue rather than drop
+//! ([`enqueue_routed`]); only readers wait, never workers, which could block the very
+//! drain they wait for.
 
-use crate::device::Device;
-use crate::exec::Work;
+use super::protocol::step;
+use super::StageCtx;
 use crate::packet::{Batch, Packet, MAX_BATCH};
 use crate::peer::Peer;
+use crate::sched::{CryptWork, Direction};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Duration;
 
-pub fn assign_and_enqueue(dev: &Device, peer: &Arc<Peer>, packets: Vec<Packet>) {
+/// Longest a reader waits for room in a peer's queue before dropping.
+const BACKPRESSURE_WAIT: Duration = Duration::from_millis(100);
+
+/// What the TUN reader does with `route`'s groups: each peer's packets in chunks of at
+/// most a batch, each chunk after waiting for room in the peer's queue.
+pub fn enqueue_routed(c: StageCtx<'_>, groups: Vec<(Arc<Peer>, Vec<Packet>)>) {
+    for (peer, mut group) in groups {
+        while !group.is_empty() {
+            let rest = group.split_off(group.len().min(MAX_BATCH));
+            peer.tx_queue.wait_for_room(group.len(), BACKPRESSURE_WAIT);
+            assign_and_enqueue(c, &peer, group);
+            group = rest;
+        }
+    }
+}
+
+pub fn assign_and_enqueue(c: StageCtx<'_>, peer: &Arc<Peer>, packets: Vec<Packet>) {
     if peer.is_removed() {
         return;
     }
+    let stats = &c.iface.stats;
     let mut packets = packets;
     while !packets.is_empty() {
         let rest = if packets.len() > MAX_BATCH {
@@ -26,7 +51,7 @@ pub fn assign_and_enqueue(dev: &Device, peer: &Arc<Peer>, packets: Vec<Packet>) 
         };
         let chunk = std::mem::replace(&mut packets, rest);
         let n = chunk.len();
-        let pending = dev.with_peer(peer, |state, ctx, out| {
+        let pending = step(c, peer, |state, ctx, out| {
             match state.prepare_send(ctx, n as u64, out) {
                 Some((kp, first)) => {
                     let mut chunk = chunk;
@@ -44,15 +69,19 @@ pub fn assign_and_enqueue(dev: &Device, peer: &Arc<Peer>, packets: Vec<Packet>) 
             }
         });
         match pending {
-            Ok(batch) => dev.submit(Work::Encrypt(batch)),
+            Ok(batch) => c.sched.submit_crypt(CryptWork {
+                iface: c.iface.clone(),
+                batch,
+                dir: Direction::Tx,
+            }),
             Err(Some(chunk)) => {
                 let dropped = peer.stage(chunk);
-                dev.stats
+                stats
                     .tx_dropped
                     .fetch_add(dropped as u64, Ordering::Relaxed);
             }
             Err(None) => {
-                dev.stats.tx_dropped.fetch_add(n as u64, Ordering::Relaxed);
+                stats.tx_dropped.fetch_add(n as u64, Ordering::Relaxed);
             }
         }
     }

@@ -6,9 +6,10 @@
 //! through the device has an MTU of its own (rare), each packet notes it here, where
 //! its destination is parsed anyway, for the padding at encryption.
 
-use crate::device::Device;
+use super::StageCtx;
 use crate::icmp;
 use crate::inner;
+use crate::interface::Interface;
 use crate::packet::Packet;
 use crate::peer::Peer;
 use std::net::IpAddr;
@@ -16,7 +17,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 /// Writes an ICMP error about `packet` back into the TUN, within the rate limit.
-fn answer_unreachable(dev: &Device, packet: &[u8]) {
+fn answer_unreachable(dev: &Interface, packet: &[u8]) {
     let Some(h) = inner::parse(packet) else {
         return;
     };
@@ -49,7 +50,7 @@ fn answer_unreachable(dev: &Device, packet: &[u8]) {
 /// source, and a tunnel nested in ours uses another port. What it cannot see is a loop
 /// through a second tunnel (ours inside theirs inside ours): that is bounded only by
 /// packets outgrowing the largest datagram. Costs a port comparison per packet.
-fn is_own_outer(dev: &Device, packet: &[u8], port: u16) -> bool {
+fn is_own_outer(dev: &Interface, packet: &[u8], port: u16) -> bool {
     let (src, sport) = match packet.first().map(|b| b >> 4) {
         Some(4) if packet.len() >= 20 && packet[9] == 17 => {
             let ihl = usize::from(packet[0] & 0x0f) * 4;
@@ -74,7 +75,8 @@ fn is_own_outer(dev: &Device, packet: &[u8], port: u16) -> bool {
         && dev.netwatch.is_host_address(&src) == Some(true)
 }
 
-pub fn route(dev: &Device, packets: Vec<Packet>) -> Vec<(Arc<Peer>, Vec<Packet>)> {
+pub fn route(c: StageCtx<'_>, packets: Vec<Packet>) -> Vec<(Arc<Peer>, Vec<Packet>)> {
+    let dev = c.iface;
     let mut groups: Vec<(Arc<Peer>, Vec<Packet>)> = Vec::new();
     let table = dev.table();
     let mtu_routes = dev.netwatch.mtu_routes();

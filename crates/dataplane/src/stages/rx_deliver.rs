@@ -3,10 +3,13 @@
 //! inner-header validation, the cryptokey-routing source check, and the write to the
 //! TUN. Keepalives stop after the bookkeeping. Runs as one work item per peer at a time.
 
-use crate::device::Device;
+use super::protocol::step;
+use super::StageCtx;
 use crate::inner;
+use crate::interface::Interface;
 use crate::packet::HEADROOM;
 use crate::peer::Peer;
+use crate::queue::Drained;
 use std::cell::RefCell;
 use std::io::IoSlice;
 use std::sync::atomic::Ordering;
@@ -21,10 +24,10 @@ thread_local! {
 /// Writes packets to the TUN; with offloads on, runs of one TCP flow (and of one UDP
 /// flow, where the TUN took USO) become a single GSO super-packet, so the kernel's
 /// stack sees one large packet instead of dozens of writes.
-fn write_to_tun(dev: &Device, segs: &[&[u8]]) {
+fn write_to_tun(dev: &Interface, segs: &[&[u8]]) {
     if !dev.tun.has_vnet_hdr() {
         for s in segs {
-            if dev.tun.write(s).is_err() {
+            if dev.tun.write_packet(s).is_err() {
                 dev.stats
                     .rx_tun_write_failed
                     .fetch_add(1, Ordering::Relaxed);
@@ -62,8 +65,11 @@ fn write_to_tun(dev: &Device, segs: &[&[u8]]) {
     });
 }
 
-pub fn deliver(dev: &Device, peer: &Arc<Peer>) {
-    let handled = peer.rx_queue.drain(|batch| {
+/// Delivers what is ready at the head of the peer's RX queue, at most `budget` packets
+/// (see `OrderedQueue::drain`).
+pub fn deliver(c: StageCtx<'_>, peer: &Arc<Peer>, budget: usize) -> Drained {
+    let dev = c.iface;
+    let drained = peer.rx_queue.drain(budget, |batch| {
         if peer.is_removed() {
             return;
         }
@@ -92,7 +98,7 @@ pub fn deliver(dev: &Device, peer: &Arc<Peer>) {
         }
         if let Some((src, local)) = last_src {
             let kp = batch.keypair.clone();
-            dev.with_peer(peer, |state, ctx, out| {
+            step(c, peer, |state, ctx, out| {
                 state.on_authenticated_transport(ctx, &kp, src, any_data, out)
             });
             peer.learn_source(src, local);
@@ -118,5 +124,6 @@ pub fn deliver(dev: &Device, peer: &Arc<Peer>) {
         drop(table);
         write_to_tun(dev, &segs);
     });
-    dev.stats.record_serial_run(handled);
+    dev.stats.record_serial_run(&drained);
+    drained
 }

@@ -4,18 +4,20 @@
 //! route's choice of source: the sticky one may be why the peer stopped answering, as
 //! kernel WireGuard reasons when it clears it there too.
 
-use crate::device::Device;
+use super::protocol::step;
+use super::StageCtx;
 use std::sync::atomic::Ordering;
 use wirelane_proto::Output;
 
-pub fn run_due(dev: &Device) {
+pub fn run_due(c: StageCtx<'_>) {
+    let dev = c.iface;
     for id in dev.due_timers() {
         let Some(peer) = dev.table().by_id.get(&id).cloned() else {
             continue;
         };
         // This entry is spent; with_peer re-registers the peer's next deadline.
         peer.timer_at.store(u64::MAX, Ordering::Relaxed);
-        dev.with_peer(&peer, |state, ctx, out| {
+        step(c, &peer, |state, ctx, out| {
             state.tick(ctx, out);
             if out.iter().any(|o| matches!(o, Output::Handshake(_))) {
                 peer.forget_source();

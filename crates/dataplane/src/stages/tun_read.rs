@@ -3,7 +3,7 @@
 //! UDP (USO) super-packets are split into MTU-sized segments here (checksums
 //! completed), so every later stage sees ordinary packets. Runs on one reader at a time per queue.
 
-use crate::device::Device;
+use crate::interface::Interface;
 use crate::packet::{Packet, MAX_BATCH};
 use std::io;
 use std::sync::atomic::Ordering;
@@ -17,7 +17,7 @@ pub const SCRATCH_LEN: usize = 40 + 65535 + VNET_HDR_LEN + 1;
 /// Reads until about [`MAX_BATCH`] packets are gathered, without blocking. An empty
 /// result means the TUN had nothing queued; an error other than `WouldBlock` means the
 /// TUN is gone.
-pub fn read_batch(dev: &Device, scratch: &mut [u8]) -> io::Result<Vec<Packet>> {
+pub fn read_batch(dev: &Interface, scratch: &mut [u8]) -> io::Result<Vec<Packet>> {
     let mut out = Vec::new();
     let vnet = dev.tun.has_vnet_hdr();
     while out.len() < MAX_BATCH {

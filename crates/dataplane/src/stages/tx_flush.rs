@@ -4,17 +4,20 @@
 //! where the kernel refuses that, sendmmsg. Runs as one work item per peer at a time
 //! (see `OrderedQueue`).
 
-use crate::device::Device;
+use super::protocol::step;
+use super::StageCtx;
 use crate::peer::Peer;
+use crate::ports::UdpPort;
+use crate::queue::Drained;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use wirelane_io::udp::{LocalAddr, UdpSocket, GSO_MAX_BYTES, GSO_MAX_SEGMENTS};
+use wirelane_io::udp::{LocalAddr, GSO_MAX_BYTES, GSO_MAX_SEGMENTS};
 
 /// Sends datagrams in order; returns how many left. Consecutive datagrams of one size
 /// (the last of a run may be shorter) share one GSO send, gathered from the packets'
 /// own buffers.
-fn send_all(sock: &UdpSocket, dgrams: &[&[u8]], ep: SocketAddr, src: Option<LocalAddr>) -> usize {
+fn send_all(sock: &dyn UdpPort, dgrams: &[&[u8]], ep: SocketAddr, src: Option<LocalAddr>) -> usize {
     let mut sent = 0;
     let mut i = 0;
     while i < dgrams.len() {
@@ -52,10 +55,13 @@ fn send_all(sock: &UdpSocket, dgrams: &[&[u8]], ep: SocketAddr, src: Option<Loca
     sent
 }
 
-pub fn flush(dev: &Device, peer: &Arc<Peer>) {
+/// Flushes what is ready at the head of the peer's TX queue, at most `budget` packets
+/// (see `OrderedQueue::drain`).
+pub fn flush(c: StageCtx<'_>, peer: &Arc<Peer>, budget: usize) -> Drained {
+    let dev = c.iface;
     let mut sent_data = false;
     let mut sent_any = false;
-    let handled = peer.tx_queue.drain(|batch| {
+    let drained = peer.tx_queue.drain(budget, |batch| {
         if peer.is_removed() {
             return;
         }
@@ -78,15 +84,16 @@ pub fn flush(dev: &Device, peer: &Arc<Peer>) {
         let Some(sock) = sockets.for_destination(&ep) else {
             return;
         };
-        let n = send_all(sock, &dgrams, ep, src);
+        let n = send_all(&**sock, &dgrams, ep, src);
         let bytes: usize = dgrams[..n].iter().map(|b| b.len()).sum();
         peer.tx_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
         sent_any |= n > 0;
         // A keepalive is a transport message carrying only the 16-byte tag.
         sent_data |= dgrams[..n].iter().any(|b| b.len() > 32);
     });
-    dev.stats.record_serial_run(handled);
+    dev.stats.record_serial_run(&drained);
     if sent_any {
-        dev.with_peer(peer, |state, ctx, _| state.on_sent(ctx, sent_data));
+        step(c, peer, |state, ctx, _| state.on_sent(ctx, sent_data));
     }
+    drained
 }

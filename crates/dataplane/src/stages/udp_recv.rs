@@ -4,8 +4,9 @@
 //! stages always see single datagrams.
 
 use crate::packet::{Packet, MAX_BATCH};
+use crate::ports::UdpPort;
 use std::io;
-use wirelane_io::udp::{RecvBatch, UdpSocket};
+use wirelane_io::udp::RecvBatch;
 
 /// Receive buffers of one reader thread, allocated once.
 pub struct RecvScratch {
@@ -35,19 +36,10 @@ impl RecvScratch {
 }
 
 /// Receives what is queued on `sock`, up to one batch of buffers, without blocking.
-pub fn recv_batch(sock: &UdpSocket, s: &mut RecvScratch) -> io::Result<Vec<Packet>> {
+pub fn recv_batch(sock: &dyn UdpPort, s: &mut RecvScratch) -> io::Result<Vec<Packet>> {
     s.filled = false;
-    let n = match sock.recv_batch(&mut s.batch) {
-        Ok(n) => n,
-        Err(e) if e.kind() == io::ErrorKind::WouldBlock => 0,
-        Err(e) => return Err(e),
-    };
-    s.filled = n == s.batch.capacity();
-    let mut out = Vec::with_capacity(n);
-    for i in 0..n {
-        let Some(r) = s.batch.datagram(i) else {
-            continue;
-        };
+    let mut out = Vec::new();
+    let n = match sock.recv_each(&mut s.batch, &mut |r| {
         let step = if r.segment > 0 {
             r.segment
         } else {
@@ -58,6 +50,11 @@ pub fn recv_batch(sock: &UdpSocket, s: &mut RecvScratch) -> io::Result<Vec<Packe
                 .chunks(step)
                 .map(|d| Packet::from_datagram(d, r.src, r.local)),
         );
-    }
+    }) {
+        Ok(n) => n,
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => 0,
+        Err(e) => return Err(e),
+    };
+    s.filled = n == s.batch.capacity();
     Ok(out)
 }

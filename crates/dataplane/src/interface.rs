@@ -1,40 +1,36 @@
-//! The interface-wide state every stage shares: identity, peer table with AllowedIPs,
-//! receiver-index table, sockets, TUN, timer queue, work queues and counters.
+//! One tunnel's state, which every stage shares: its TUN, identity, peer table with
+//! AllowedIPs, receiver-index table, sockets, handshake gate and lanes, timer queue,
+//! view of the host's network and counters. Nothing here runs anything: the threads
+//! are the runtime's (`runtime`), and which thread runs what is the execution model's
+//! (`sched`). One process may hold many interfaces.
 //!
-//! Lock order (outermost first): `table` → a peer's state → `indices` → `timers`.
-//! Nothing holds a lock across crypto, and only the UAPI takes `table` for writing.
+//! Lock order (outermost first): `table` → a peer's state → a peer's sticky source →
+//! `indices` → `timers`. Nothing holds a lock across crypto, and only the UAPI takes
+//! `table` for writing.
 
-use crate::exec::Work;
 use crate::netwatch::NetWatch;
-use crate::packet::Packet;
 use crate::peer::Peer;
-use crate::stages;
+use crate::ports::TunPort;
+use crate::sockets::Sockets;
 use crate::stats::Stats;
 use crossbeam_channel::{Receiver, Sender};
 use rand_core::{OsRng, RngCore};
-use std::cell::RefCell;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant, SystemTime};
 use wirelane_io::poll::Waker;
-use wirelane_io::tun::Tun;
-use wirelane_io::udp::{LocalAddr, ProofRule, Steering, UdpSocket};
+use wirelane_io::udp::LocalAddr;
 use wirelane_proto::cookie::Gate;
-use wirelane_proto::crypto::KeystreamRng;
 use wirelane_proto::messages::Kind;
-use wirelane_proto::{AllowedIps, Ctx, IndexTable, LocalIdentity, Output, PeerState};
+use wirelane_proto::{AllowedIps, IndexTable, LocalIdentity};
 
 /// Bound of the handshake queue (the kernel's MAX_QUEUED_INCOMING_HANDSHAKES).
 pub const MAX_QUEUED_HANDSHAKES: usize = 4096;
 /// Queue depth from which the interface counts as under load: an eighth of the bound.
 pub const UNDER_LOAD_THRESHOLD: usize = MAX_QUEUED_HANDSHAKES / 8;
-/// Receive buffer of each handshake socket (see `Sockets::bind`). The kernel charges a
-/// small datagram about 1 KiB and doubles the size asked for, so this holds about two
-/// thousand messages: milliseconds of a flood for a release build.
-pub const HANDSHAKE_SOCKET_BUFFER: usize = 1 << 20;
 /// How long under-load mode lasts after the queue drops below the threshold.
 pub const UNDER_LOAD_AFTER: Duration = Duration::from_secs(1);
 /// Sources the handshake rate limiter tracks at most.
@@ -64,155 +60,10 @@ impl PeerTable {
     }
 }
 
-/// The bound UDP sockets and their settings.
-#[derive(Default, Clone)]
-pub struct Sockets {
-    pub v4: Option<Arc<UdpSocket>>,
-    pub v6: Option<Arc<UdpSocket>>,
-    /// Handshake sockets, on the same port as `v4` and `v6`: the kernel steers every
-    /// datagram but transport data and proven handshake messages to them
-    /// (`UdpSocket::bind_steered`), so a handshake flood fills and overflows their
-    /// buffers and never the data sockets'. None where the kernel refused; the data
-    /// socket then receives everything. Replies leave by the data sockets, whose
-    /// source port is the same.
-    pub hs4: Option<Arc<UdpSocket>>,
-    pub hs6: Option<Arc<UdpSocket>>,
-    /// Proof sockets, beside the handshake sockets: initiations and responses whose
-    /// mac2 is not zero, i.e. whose sender holds a cookie of ours. The resend that
-    /// answers a cookie reply, and every initiation of a peer that holds a cookie, thus
-    /// skip the queue a flood of cookie-less initiations builds on the handshake
-    /// socket; a flood that fakes mac2 only fills this socket instead.
-    pub proof4: Option<Arc<UdpSocket>>,
-    pub proof6: Option<Arc<UdpSocket>>,
-    pub port: u16,
-    pub fwmark: u32,
-}
-
-/// Which of a family's sockets a UDP reader serves.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SocketRole {
-    Data,
-    Handshake,
-    Proof,
-}
-
-impl SocketRole {
-    pub const ALL: [SocketRole; 3] = [SocketRole::Data, SocketRole::Handshake, SocketRole::Proof];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            SocketRole::Data => "data",
-            SocketRole::Handshake => "handshake",
-            SocketRole::Proof => "proof",
-        }
-    }
-}
-
-/// WireGuard's shapes for the kernel's steering: transport data to the data socket,
-/// initiations and responses with a non-zero mac2 (their last 16 bytes) to the proof
-/// socket.
-fn steering() -> Steering {
-    use wirelane_proto::crypto::MAC_LEN;
-    use wirelane_proto::messages::{
-        INITIATION_LEN, RESPONSE_LEN, TYPE_INITIATION, TYPE_RESPONSE, TYPE_TRANSPORT,
-    };
-    let rule = |first_byte, len: usize| ProofRule {
-        first_byte,
-        len: len as u32,
-        field: (len - MAC_LEN) as u32,
-    };
-    Steering {
-        data_first_byte: TYPE_TRANSPORT,
-        proof: vec![
-            rule(TYPE_INITIATION, INITIATION_LEN),
-            rule(TYPE_RESPONSE, RESPONSE_LEN),
-        ],
-    }
-}
-
-impl Sockets {
-    pub fn for_destination(&self, dst: &SocketAddr) -> Option<&Arc<UdpSocket>> {
-        match dst {
-            SocketAddr::V4(_) => self.v4.as_ref(),
-            SocketAddr::V6(a) if a.ip().to_ipv4_mapped().is_some() => self.v4.as_ref(),
-            SocketAddr::V6(_) => self.v6.as_ref(),
-        }
-    }
-
-    /// The socket one UDP reader serves.
-    pub fn for_reader(&self, v6: bool, role: SocketRole) -> Option<&Arc<UdpSocket>> {
-        match (v6, role) {
-            (false, SocketRole::Data) => self.v4.as_ref(),
-            (true, SocketRole::Data) => self.v6.as_ref(),
-            (false, SocketRole::Handshake) => self.hs4.as_ref(),
-            (true, SocketRole::Handshake) => self.hs6.as_ref(),
-            (false, SocketRole::Proof) => self.proof4.as_ref(),
-            (true, SocketRole::Proof) => self.proof6.as_ref(),
-        }
-    }
-
-    /// Binds both families on `port` (0: any). IPv6 may be unavailable; IPv4 may not.
-    pub fn bind(port: u16, fwmark: u32) -> std::io::Result<Sockets> {
-        let steering = steering();
-        let (v4, steered4) = UdpSocket::bind_steered(false, port, &steering)?;
-        let port = v4.local_port()?;
-        let (v6, steered6) = match UdpSocket::bind_steered(true, port, &steering) {
-            Ok((s, steered)) => (Some(s), steered.ok()),
-            Err(e) if e.raw_os_error() == Some(libc::EAFNOSUPPORT) => (None, None),
-            Err(e) => return Err(e),
-        };
-        if let Err(e) = &steered4 {
-            tracing::info!(error = %e, "no steered handshake sockets: floods share the data socket");
-        }
-        let (hs4, proof4) = steered4.ok().unzip();
-        let (hs6, proof6) = steered6.unzip();
-        // A handshake socket's backlog is all flood when it fills: kept shallow, it
-        // holds a legitimate initiation behind milliseconds of it, not a second, and
-        // drains soon after a flood ends. So is a proof socket's under a forged flood.
-        for s in [&hs4, &hs6, &proof4, &proof6].into_iter().flatten() {
-            s.set_receive_buffer(HANDSHAKE_SOCKET_BUFFER)?;
-        }
-        let s = Sockets {
-            v4: Some(Arc::new(v4)),
-            v6: v6.map(Arc::new),
-            hs4: hs4.map(Arc::new),
-            hs6: hs6.map(Arc::new),
-            proof4: proof4.map(Arc::new),
-            proof6: proof6.map(Arc::new),
-            port,
-            fwmark,
-        };
-        s.apply_fwmark(fwmark)?;
-        Ok(s)
-    }
-
-    /// Datagrams the kernel dropped on this role's sockets since they were bound.
-    pub fn kernel_drops(&self, role: SocketRole) -> u64 {
-        [false, true]
-            .into_iter()
-            .filter_map(|v6| self.for_reader(v6, role))
-            .map(|s| u64::from(s.drops().unwrap_or(0)))
-            .sum()
-    }
-
-    pub fn apply_fwmark(&self, mark: u32) -> std::io::Result<()> {
-        let all = [
-            &self.v4,
-            &self.v6,
-            &self.hs4,
-            &self.hs6,
-            &self.proof4,
-            &self.proof6,
-        ];
-        for s in all.into_iter().flatten() {
-            s.set_mark(mark)?;
-        }
-        Ok(())
-    }
-}
-
-pub struct Device {
-    pub tun: Tun,
+pub struct Interface {
+    /// Unique among the runtime's interfaces, for as long as the process runs.
+    pub id: u32,
+    pub tun: Box<dyn TunPort>,
     origin: Instant,
     identity: RwLock<Option<Arc<LocalIdentity>>>,
     table: RwLock<PeerTable>,
@@ -221,17 +72,15 @@ pub struct Device {
     /// Bumped whenever the sockets are replaced, so readers pick up new ones.
     pub sockets_generation: AtomicU64,
     gate: Mutex<Option<Gate>>,
-    work_tx: Sender<Work>,
-    pub(crate) work_rx: Receiver<Work>,
     handshake_tx: Sender<HandshakeJob>,
-    pub(crate) handshake_rx: Receiver<HandshakeJob>,
+    handshake_rx: Receiver<HandshakeJob>,
     /// Admitted handshake messages that carry a mac2, and cookie replies, served
     /// first. Under load only these are admitted (within the per-source limit), but the
     /// plain lane may still hold up to a queue's worth admitted on mac1 alone just
     /// before the mode began: a legitimate peer's cookie-bearing retry must not wait
     /// behind those Diffie-Hellman steps.
     cookie_lane_tx: Sender<HandshakeJob>,
-    pub(crate) cookie_lane_rx: Receiver<HandshakeJob>,
+    cookie_lane_rx: Receiver<HandshakeJob>,
     last_under_load_ns: AtomicU64,
     /// The gate's cookie replies per [`UNDER_LOAD_AFTER`], which keep a flood under load.
     pub(crate) cookie_reply_rate: crate::stages::gate::ReplyRate,
@@ -242,25 +91,15 @@ pub struct Device {
     pub(crate) icmp_limit: crate::icmp::RateLimit,
     pub stats: Stats,
     stopping: AtomicBool,
-    /// Dropped by [`Device::stop`]: every thread that blocks on a channel also selects
-    /// on `stop_rx`, whose disconnection wakes it at once.
-    stop_tx: Mutex<Option<Sender<()>>>,
-    pub(crate) stop_rx: Receiver<()>,
+    /// Wakes the interface's readers (they poll it beside their descriptor) when it
+    /// stops.
     pub waker: Waker,
-    /// Why the device stopped on its own (the TUN went away), if it did.
+    /// Why the interface stopped on its own (the TUN went away), if it did.
     pub fatal: Mutex<Option<String>>,
 }
 
-thread_local! {
-    /// Randomness for protocol steps: ephemeral keys, session indices and the rekey
-    /// jitter that every data send draws. Seeded once per thread from the OS; drawing
-    /// from the OS instead cost a `getrandom` syscall per request on an idle tunnel.
-    /// The generator erases its key as it goes (see [`KeystreamRng`]).
-    static STEP_RNG: RefCell<KeystreamRng> = RefCell::new(KeystreamRng::from_rng(&mut OsRng));
-}
-
 /// Index-table view handed to the protocol for one peer.
-struct PeerIndices<'a> {
+pub(crate) struct PeerIndices<'a> {
     map: &'a Mutex<HashMap<u32, Arc<Peer>>>,
     peer: &'a Arc<Peer>,
 }
@@ -284,18 +123,22 @@ impl IndexTable for PeerIndices<'_> {
     }
 }
 
-impl Device {
-    pub fn new(tun: Tun, sockets: Sockets) -> std::io::Result<Arc<Device>> {
-        let (work_tx, work_rx) = crossbeam_channel::unbounded();
+impl Interface {
+    /// A new interface around `tun` and `sockets`. Opens its rtnetlink view at once
+    /// (see `NetWatch::new` for why before privileges are dropped). It carries no
+    /// traffic until a runtime serves it (`Runtime::serve`).
+    pub fn new(tun: Box<dyn TunPort>, sockets: Sockets) -> std::io::Result<Arc<Interface>> {
+        static NEXT_ID: AtomicU32 = AtomicU32::new(0);
+        let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
         let (handshake_tx, handshake_rx) = crossbeam_channel::bounded(MAX_QUEUED_HANDSHAKES);
         let (cookie_lane_tx, cookie_lane_rx) =
             crossbeam_channel::bounded(MAX_QUEUED_HANDSHAKES / 4);
-        let (stop_tx, stop_rx) = crossbeam_channel::bounded(0);
-        let netwatch = NetWatch::new(&tun);
+        let netwatch = NetWatch::new(tun.as_tun());
         // 512 buffers (1 MiB), half of one peer's queue bound (MAX_QUEUED_PACKETS), so
         // a first burst finds buffers ready.
         crate::pool::prefill(8);
-        Ok(Arc::new(Device {
+        Ok(Arc::new(Interface {
+            id,
             tun,
             origin: Instant::now(),
             identity: RwLock::new(None),
@@ -304,8 +147,6 @@ impl Device {
             sockets: RwLock::new(sockets),
             sockets_generation: AtomicU64::new(0),
             gate: Mutex::new(None),
-            work_tx,
-            work_rx,
             handshake_tx,
             handshake_rx,
             cookie_lane_tx,
@@ -317,8 +158,6 @@ impl Device {
             icmp_limit: Default::default(),
             stats: Stats::default(),
             stopping: AtomicBool::new(false),
-            stop_tx: Mutex::new(Some(stop_tx)),
-            stop_rx,
             waker: Waker::new()?,
             fatal: Mutex::new(None),
         }))
@@ -393,25 +232,16 @@ impl Device {
         self.netwatch.mtu()
     }
 
-    // --- work submission ---
-
-    pub(crate) fn submit(&self, w: Work) {
-        // An I/O reader may run the item itself (the workqueue model's idle shortcut).
-        if let Some(w) = crate::exec::workqueue::run_here(self, w) {
-            // The receiver lives as long as the device, so sending cannot fail.
-            let _ = self.work_tx.send(w);
-        }
-    }
-
     /// Queues a copy of a handshake message the gate admitted, or a cookie reply
-    /// received; drops it when its lane is full.
+    /// received; drops it when its lane is full. True if it was queued: the caller then
+    /// tells the scheduler.
     pub(crate) fn queue_handshake(
         &self,
         kind: Kind,
         bytes: &[u8],
         src: SocketAddr,
         local: Option<LocalAddr>,
-    ) {
+    ) -> bool {
         if self.handshake_queue_len() >= UNDER_LOAD_THRESHOLD {
             self.renew_under_load();
         }
@@ -439,6 +269,24 @@ impl Device {
                 .handshake_queue_full
                 .fetch_add(1, Ordering::Relaxed);
         }
+        queued
+    }
+
+    /// The next queued handshake message: the cookie lane first, always (see
+    /// `cookie_lane_tx`).
+    pub(crate) fn take_handshake(&self) -> Option<HandshakeJob> {
+        self.cookie_lane_rx
+            .try_recv()
+            .or_else(|_| self.handshake_rx.try_recv())
+            .ok()
+    }
+
+    /// The index table the protocol allocates `peer`'s receiver indices in.
+    pub(crate) fn index_table<'a>(&'a self, peer: &'a Arc<Peer>) -> PeerIndices<'a> {
+        PeerIndices {
+            map: &self.indices,
+            peer,
+        }
     }
 
     /// Keeps under-load mode on for another [`UNDER_LOAD_AFTER`].
@@ -464,45 +312,6 @@ impl Device {
         }
         let last = self.last_under_load_ns.load(Ordering::Relaxed);
         last != 0 && self.now().as_nanos() as u64 - last < UNDER_LOAD_AFTER.as_nanos() as u64
-    }
-
-    // --- protocol steps ---
-
-    /// Runs `f` with this thread's protocol-step generator (see `STEP_RNG`).
-    pub(crate) fn with_step_rng<R>(f: impl FnOnce(&mut KeystreamRng) -> R) -> R {
-        STEP_RNG.with_borrow_mut(f)
-    }
-
-    /// Runs one protocol step on `peer` with a fully built context, then re-arms its
-    /// timer and carries out whatever the step asked for.
-    pub fn with_peer<R>(
-        &self,
-        peer: &Arc<Peer>,
-        f: impl FnOnce(&mut PeerState, &mut Ctx, &mut Vec<Output>) -> R,
-    ) -> R {
-        let identity = self.identity();
-        let mut out = Vec::new();
-        let (r, deadline) = {
-            let mut state = peer.state();
-            let mut indices = PeerIndices {
-                map: &self.indices,
-                peer,
-            };
-            let r = Self::with_step_rng(|rng| {
-                let mut ctx = Ctx {
-                    now: self.now(),
-                    wall: self.wall(),
-                    rng,
-                    local: identity.as_deref(),
-                    indices: &mut indices,
-                };
-                f(&mut state, &mut ctx, &mut out)
-            });
-            (r, state.next_deadline())
-        };
-        self.rearm(peer, deadline);
-        self.carry_out(peer, out);
-        r
     }
 
     /// Makes sure the timer queue holds an entry for `peer` no later than `deadline`.
@@ -537,31 +346,6 @@ impl Device {
         self.timers.lock().unwrap_or_else(|p| p.into_inner()).len()
     }
 
-    /// Carries out protocol outputs for `peer`.
-    pub fn carry_out(&self, peer: &Arc<Peer>, outs: Vec<Output>) {
-        for o in outs {
-            match o {
-                Output::Handshake(bytes) => self.send_to_peer(peer, &bytes),
-                Output::SendStaged { keepalive_if_empty } => {
-                    let mut staged = peer.take_staged();
-                    if staged.is_empty() && keepalive_if_empty {
-                        staged.push(Packet::with_capacity(0));
-                    }
-                    if !staged.is_empty() {
-                        stages::nonce::assign_and_enqueue(self, peer, staged);
-                    }
-                }
-                Output::Keepalive => {
-                    stages::nonce::assign_and_enqueue(self, peer, vec![Packet::with_capacity(0)])
-                }
-                Output::DropStaged => {
-                    let n = peer.take_staged().len();
-                    self.stats.tx_dropped.fetch_add(n as u64, Ordering::Relaxed);
-                }
-            }
-        }
-    }
-
     /// The local address to send to `endpoint` from: the peer's sticky source while it
     /// is usable (checked once per `NetWatch` generation), else None (the route's
     /// choice).
@@ -579,40 +363,20 @@ impl Device {
         usable.then_some(sticky.local)
     }
 
-    /// Sends one datagram to the peer's current endpoint, if it has one.
-    pub fn send_to_peer(&self, peer: &Peer, bytes: &[u8]) {
-        let Some(ep) = peer.state().endpoint() else {
-            self.stats.tx_no_endpoint.fetch_add(1, Ordering::Relaxed);
-            return;
-        };
-        let src = self.source_for(peer, ep);
-        let sockets = self.sockets();
-        if let Some(s) = sockets.for_destination(&ep) {
-            if s.send_from(bytes, &ep, src).is_ok() {
-                peer.tx_bytes
-                    .fetch_add(bytes.len() as u64, Ordering::Relaxed);
-            }
-        }
-    }
-
     // --- lifecycle ---
 
     pub fn stopping(&self) -> bool {
         self.stopping.load(Ordering::SeqCst)
     }
 
-    /// Wakes every thread of the device: pollers through the waker, channel waiters
-    /// through the stop channel's disconnection.
+    /// Stops the interface's readers at once: each polls the waker beside its
+    /// descriptor. The runtime's shared threads go on serving other interfaces.
     pub fn stop(&self) {
         self.stopping.store(true, Ordering::SeqCst);
         self.waker.wake();
-        self.stop_tx
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
     }
 
-    /// Stops the device because something it depends on failed.
+    /// Stops the interface because something it depends on failed.
     pub fn fail(&self, why: String) {
         let mut f = self.fatal.lock().unwrap_or_else(|p| p.into_inner());
         if f.is_none() {

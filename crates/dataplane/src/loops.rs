@@ -1,0 +1,229 @@
+//! The I/O loops, which no execution model owns: every model runs the same ones.
+//!
+//! - Per interface: one TUN reader and one reader per UDP socket (data, handshake and
+//!   proof, per family). Each polls its descriptor beside the interface's waker, and
+//!   runs the first stages of its pipeline (TX-1..3, RX-1..2) on the data it reads,
+//!   handing the rest to the scheduler.
+//! - Per runtime: one handshake thread for every interface's handshake lanes, and one
+//!   timer thread for every interface's protocol timers and rtnetlink notifications.
+//!
+//! Readers are marked ([`is_reader_thread`]): a model may run a small item on such a
+//! thread rather than wake a worker for it (the workqueue model's idle shortcut).
+
+use crate::interface::Interface;
+use crate::sched::Scheduler;
+use crate::sockets::SocketRole;
+use crate::stages::{self, gate::Replies, StageCtx};
+use crate::threads::{self, Registry};
+use crossbeam_channel::{Receiver, Sender};
+use std::cell::Cell;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, RwLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+use wirelane_io::poll::{wait_readable, Ready, Waker};
+
+/// How often an idle UDP reader looks for sockets a UAPI rebind replaced. Stopping
+/// never waits for it: the interface's waker wakes every poller at once.
+const IDLE_CHECK: Duration = Duration::from_millis(200);
+/// Timer resolution: well under the 333 ms of handshake jitter.
+const TIMER_TICK: Duration = Duration::from_millis(10);
+/// Nice value of the handshake thread and the handshake sockets' readers. The thread's
+/// every message costs Diffie-Hellman work (the gate answered the rest), and a flood
+/// can fill the lanes with such work before under-load mode begins; the readers carry
+/// whatever a flood sends. At equal priority either would take a full share of a core
+/// from the data path; niced, they yield to transport data, and what they cannot take
+/// overflows their socket in the kernel.
+const HANDSHAKE_NICE: libc::c_int = 10;
+
+thread_local! {
+    static READER: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Whether the calling thread is one of the interfaces' readers.
+pub fn is_reader_thread() -> bool {
+    READER.get()
+}
+
+/// Spawns `iface`'s readers: the TUN reader and one per UDP socket role and family.
+pub fn spawn_readers(
+    iface: &Arc<Interface>,
+    sched: &Arc<dyn Scheduler>,
+    registry: &Arc<Registry>,
+) -> std::io::Result<Vec<JoinHandle<()>>> {
+    let name = iface.tun.name();
+    let mut threads = Vec::new();
+    let (i, s) = (iface.clone(), sched.clone());
+    threads.push(registry.spawn(format!("wl-tun-{name}"), move || tun_reader(&i, &*s))?);
+    for role in SocketRole::ALL {
+        for v6 in [false, true] {
+            let (i, s) = (iface.clone(), sched.clone());
+            let suffix = match role {
+                SocketRole::Data => "read",
+                SocketRole::Handshake => "hs",
+                SocketRole::Proof => "proof",
+            };
+            let thread = format!("wl-udp{}-{suffix}-{name}", if v6 { 6 } else { 4 });
+            threads.push(registry.spawn(thread, move || udp_reader(&i, &*s, v6, role))?);
+        }
+    }
+    Ok(threads)
+}
+
+/// TX-1..3 for one interface: read, route, number and hand on.
+fn tun_reader(iface: &Arc<Interface>, sched: &dyn Scheduler) {
+    READER.set(true);
+    let c = StageCtx { iface, sched };
+    let mut scratch = vec![0u8; stages::tun_read::SCRATCH_LEN];
+    while !iface.stopping() {
+        match wait_readable(iface.tun.fd(), &iface.waker, -1) {
+            Ok(Ready::Readable) => {}
+            Ok(Ready::Timeout) => continue,
+            Ok(Ready::Woken) => return,
+            Err(e) => return iface.fail(format!("polling the TUN device failed: {e}")),
+        }
+        match stages::tun_read::read_batch(iface, &mut scratch) {
+            Ok(packets) => stages::nonce::enqueue_routed(c, stages::route::route(c, packets)),
+            // The interface was deleted (e.g. `ip link del`, `wg-quick down`).
+            Err(e) => return iface.fail(format!("TUN device is gone: {e}")),
+        }
+    }
+}
+
+/// RX-1..2 for one of the interface's sockets: receive, classify and hand on. The
+/// handshake and proof readers run at the handshake thread's lower priority: under a
+/// flood their sockets overflow in the kernel, and data waits for nothing. Which
+/// datagrams each sees is the kernel's steering; without it the data socket sees all.
+fn udp_reader(iface: &Arc<Interface>, sched: &dyn Scheduler, v6: bool, role: SocketRole) {
+    READER.set(true);
+    if role != SocketRole::Data && !threads::set_nice(HANDSHAKE_NICE) {
+        tracing::debug!("could not lower the priority of a handshake socket reader");
+    }
+    let c = StageCtx { iface, sched };
+    let mut replies = Replies::default();
+    while !iface.stopping() {
+        let generation = iface.sockets_generation.load(Ordering::SeqCst);
+        let sock = iface.sockets().for_reader(v6, role).cloned();
+        let Some(sock) = sock else {
+            // No socket of this kind (yet): wait for a rebind or stop.
+            let _ = wait_readable(
+                iface.waker.fd(),
+                &iface.waker,
+                IDLE_CHECK.as_millis() as i32,
+            );
+            continue;
+        };
+        let mut scratch = stages::udp_recv::RecvScratch::new(sock.gro_enabled());
+        while iface.sockets_generation.load(Ordering::SeqCst) == generation && !iface.stopping() {
+            // After a receive that used every buffer the socket likely holds more: skip
+            // the poll, which under load would cost a syscall per batch for nothing.
+            if !scratch.filled() {
+                match wait_readable(sock.fd(), &iface.waker, IDLE_CHECK.as_millis() as i32) {
+                    Ok(Ready::Readable) => {}
+                    Ok(Ready::Timeout) => continue,
+                    Ok(Ready::Woken) => return,
+                    Err(e) => return iface.fail(format!("polling the UDP socket failed: {e}")),
+                }
+            }
+            match stages::udp_recv::recv_batch(&*sock, &mut scratch) {
+                Ok(packets) => stages::classify::classify(c, packets, &mut replies),
+                Err(e) => tracing::warn!(error = %e, "UDP receive failed"),
+            }
+        }
+    }
+}
+
+/// Where interfaces announce queued handshake messages to the runtime's handshake
+/// thread: one token per message queued on an interface's lanes, in arrival order.
+pub struct HandshakeHub {
+    tx: Sender<Arc<Interface>>,
+    rx: Receiver<Arc<Interface>>,
+}
+
+impl Default for HandshakeHub {
+    fn default() -> Self {
+        let (tx, rx) = crossbeam_channel::unbounded();
+        HandshakeHub { tx, rx }
+    }
+}
+
+impl HandshakeHub {
+    /// Announces one message queued on `iface`'s lanes. The tokens are bounded by the
+    /// lanes' own bounds: one per message a lane took.
+    pub fn notify(&self, iface: &Arc<Interface>) {
+        let _ = self.tx.send(iface.clone());
+    }
+}
+
+/// The handshake thread: takes one message of the announcing interface per token (its
+/// cookie lane first) through the handshake stage, until `stop` disconnects.
+pub fn handshake_loop(hub: &HandshakeHub, sched: &dyn Scheduler, stop: &Receiver<()>) {
+    if !threads::set_nice(HANDSHAKE_NICE) {
+        tracing::debug!("could not lower the priority of the handshake thread");
+    }
+    loop {
+        let iface = match hub.rx.try_recv() {
+            Ok(i) => i,
+            Err(_) => crossbeam_channel::select! {
+                recv(hub.rx) -> i => match i {
+                    Ok(i) => i,
+                    Err(_) => return,
+                },
+                recv(stop) -> _ => return,
+            },
+        };
+        if iface.stopping() {
+            continue;
+        }
+        if let Some(job) = iface.take_handshake() {
+            stages::handshake::process(
+                StageCtx {
+                    iface: &iface,
+                    sched,
+                },
+                job,
+            );
+        }
+    }
+}
+
+/// The timer thread: every [`TIMER_TICK`] runs every interface's due protocol timers,
+/// and follows the host's network (`NetWatch`) as soon as rtnetlink reports a change.
+/// The interface list is read afresh each round, so interfaces come and go freely.
+pub fn timer_loop(interfaces: &RwLock<Vec<Arc<Interface>>>, sched: &dyn Scheduler, stop: &Waker) {
+    let mut next_tick = Instant::now() + TIMER_TICK;
+    loop {
+        let list: Vec<Arc<Interface>> =
+            interfaces.read().unwrap_or_else(|p| p.into_inner()).clone();
+        let mut fds: Vec<libc::pollfd> = std::iter::once(stop.fd())
+            .chain(list.iter().filter_map(|i| i.netwatch.monitor_fd()))
+            .map(|fd| libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            })
+            .collect();
+        let left = next_tick.saturating_duration_since(Instant::now());
+        // SAFETY: fds is a valid array of pollfds for the call's duration.
+        let r = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as _, left.as_millis() as i32) };
+        if r > 0 && fds[0].revents != 0 {
+            return;
+        }
+        if r > 0 {
+            for iface in &list {
+                let readable = fds[1..]
+                    .iter()
+                    .any(|p| Some(p.fd) == iface.netwatch.monitor_fd() && p.revents != 0);
+                if readable {
+                    iface.netwatch.handle(iface.tun.as_tun());
+                }
+            }
+        }
+        if Instant::now() >= next_tick {
+            for iface in list.iter().filter(|i| !i.stopping()) {
+                stages::timers::run_due(StageCtx { iface, sched });
+            }
+            next_tick = Instant::now() + TIMER_TICK;
+        }
+    }
+}

@@ -1,0 +1,165 @@
+//! The process-wide runtime: the execution model's threads, the handshake thread and
+//! the timer thread, serving every interface of the process. An interface's own
+//! threads are only its readers (`loops::spawn_readers`); everything else is shared,
+//! so a tunnel beyond the first costs its readers and its state, never another pool.
+
+use crate::exec::{self, ExecModel, Model, Shared};
+use crate::interface::Interface;
+use crate::loops::{self, HandshakeHub};
+use crate::sched::Scheduler;
+use crate::stages::StageCtx;
+use crate::threads::{Registry, ThreadStats};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, RwLock};
+use std::thread::JoinHandle;
+use wirelane_io::poll::Waker;
+
+pub struct Runtime {
+    model: Arc<dyn ExecModel>,
+    sched: Arc<dyn Scheduler>,
+    shared: Shared,
+    workers: usize,
+    interfaces: Arc<RwLock<Vec<Arc<Interface>>>>,
+    readers: Mutex<HashMap<u32, Vec<JoinHandle<()>>>>,
+    service: Mutex<Vec<JoinHandle<()>>>,
+    /// Stops the timer thread (it polls this beside the interfaces' monitors).
+    timer_stop: Arc<Waker>,
+    handshake_stop: exec::StopSignal,
+}
+
+impl Runtime {
+    /// Starts `model` with `workers` crypt workers, and the handshake and timer threads.
+    pub fn start(model: Model, workers: usize) -> std::io::Result<Runtime> {
+        let shared = Shared {
+            threads: Arc::new(Registry::default()),
+            handshakes: Arc::new(HandshakeHub::default()),
+        };
+        let running = exec::start(model, workers, shared.clone())?;
+        let sched: Arc<dyn Scheduler> = running.clone();
+        let rt = Runtime {
+            model: running,
+            sched,
+            shared,
+            workers,
+            interfaces: Arc::default(),
+            readers: Mutex::default(),
+            service: Mutex::default(),
+            timer_stop: Arc::new(Waker::new()?),
+            handshake_stop: exec::StopSignal::default(),
+        };
+        let (hub, s, stop) = (
+            rt.shared.handshakes.clone(),
+            rt.sched.clone(),
+            rt.handshake_stop.rx.clone(),
+        );
+        let h = rt.shared.threads.spawn("wl-handshake".into(), move || {
+            loops::handshake_loop(&hub, &*s, &stop)
+        })?;
+        rt.service_push(h);
+        let (list, s, stop) = (
+            rt.interfaces.clone(),
+            rt.sched.clone(),
+            rt.timer_stop.clone(),
+        );
+        let h = rt.shared.threads.spawn("wl-timers".into(), move || {
+            loops::timer_loop(&list, &*s, &stop)
+        })?;
+        rt.service_push(h);
+        Ok(rt)
+    }
+
+    fn service_push(&self, h: JoinHandle<()>) {
+        self.service
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(h);
+    }
+
+    /// Starts serving `iface`: its readers start, and its timers and handshakes join
+    /// the runtime's.
+    pub fn serve(&self, iface: &Arc<Interface>) -> std::io::Result<()> {
+        let readers = loops::spawn_readers(iface, &self.sched, &self.shared.threads)?;
+        self.readers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(iface.id, readers);
+        self.interfaces
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(iface.clone());
+        Ok(())
+    }
+
+    /// Stops serving `iface`: its readers stop and are joined, and it leaves the
+    /// timer and handshake threads' view. Work of it still queued runs to completion
+    /// or finds its peers removed; the other interfaces are not disturbed.
+    pub fn unserve(&self, iface: &Arc<Interface>) {
+        iface.stop();
+        let readers = self
+            .readers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&iface.id);
+        for h in readers.into_iter().flatten() {
+            let _ = h.join();
+        }
+        self.interfaces
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|i| i.id != iface.id);
+        // Announce the peers' departure (models with per-peer threads let them go).
+        let peers: Vec<_> = iface.table().by_id.values().cloned().collect();
+        for p in peers {
+            self.sched.peer_removed(iface, &p);
+        }
+    }
+
+    /// The interfaces served now.
+    pub fn interfaces(&self) -> Vec<Arc<Interface>> {
+        self.interfaces
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// The scheduler stages call, with `iface`: what the UAPI applies updates with.
+    pub fn ctx<'a>(&'a self, iface: &'a Arc<Interface>) -> StageCtx<'a> {
+        StageCtx {
+            iface,
+            sched: &*self.sched,
+        }
+    }
+
+    pub fn model(&self) -> Model {
+        self.model.model()
+    }
+
+    pub fn workers(&self) -> usize {
+        self.workers
+    }
+
+    /// Every runtime thread's CPU time and context switches.
+    pub fn thread_stats(&self) -> Vec<ThreadStats> {
+        self.shared.threads.snapshot()
+    }
+
+    /// Stops every interface and thread and waits for them.
+    pub fn stop(&self) {
+        for iface in self.interfaces() {
+            self.unserve(&iface);
+        }
+        self.timer_stop.wake();
+        self.handshake_stop.stop();
+        self.model.stop();
+        let service = std::mem::take(&mut *self.service.lock().unwrap_or_else(|p| p.into_inner()));
+        for h in service {
+            let _ = h.join();
+        }
+    }
+}
+
+impl Drop for Runtime {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}

@@ -1,0 +1,55 @@
+//! The scheduling seam, as the kernel's `queueing.h` is one: everything the pipeline's
+//! stages ask of whoever runs them, and nothing else. Stages call only this trait; an
+//! execution model (`exec::workqueue`, `exec::threaded`, `exec::softirq`) implements
+//! it and decides which thread runs what, and at which priority.
+//!
+//! The hand-off every model must keep (design.md §4, "the wake-up must never be lost"):
+//! a stage that completes a crypt batch calls its peer queue's `schedule()`; if that
+//! returns true, exactly one [`SerialWork`] for the peer is handed to
+//! [`Scheduler::schedule_serial`], and the model must run it (until its drain says it
+//! is done, see `OrderedQueue::drain`) without waiting for another completion. Work
+//! items carry their interface, so one set of threads can serve many.
+
+use crate::interface::Interface;
+use crate::packet::Batch;
+use crate::peer::Peer;
+use std::sync::Arc;
+
+/// Which of a peer's two pipelines a work item belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Direction {
+    /// Encrypt, then the ordered flush to the peer's endpoint.
+    Tx,
+    /// Decrypt, then the ordered delivery to the TUN.
+    Rx,
+}
+
+/// A batch to seal (TX) or open (RX): any thread may run it, in any order; the batch
+/// already holds its place in its peer's ordered queue.
+pub struct CryptWork {
+    pub iface: Arc<Interface>,
+    pub batch: Arc<Batch>,
+    pub dir: Direction,
+}
+
+/// A peer's serial stage (ordered flush or delivery) to run: one at a time per peer and
+/// direction, which the ordered queue's `scheduled` flag guarantees.
+pub struct SerialWork {
+    pub iface: Arc<Interface>,
+    pub peer: Arc<Peer>,
+    pub dir: Direction,
+}
+
+/// What stages ask of the execution model.
+pub trait Scheduler: Send + Sync {
+    /// A crypt batch is ready.
+    fn submit_crypt(&self, work: CryptWork);
+    /// A peer's serial stage has work: the caller won its queue's `schedule()`.
+    fn schedule_serial(&self, work: SerialWork);
+    /// A handshake message was queued on `iface`'s handshake lanes.
+    fn submit_handshake(&self, iface: &Arc<Interface>);
+    /// A peer joined `iface` (models that keep per-peer state learn of it here).
+    fn peer_added(&self, _iface: &Arc<Interface>, _peer: &Arc<Peer>) {}
+    /// A peer left `iface`; its queues are already cleared.
+    fn peer_removed(&self, _iface: &Arc<Interface>, _peer: &Arc<Peer>) {}
+}

@@ -1,0 +1,160 @@
+//! The outer UDP sockets of one interface: per address family a data socket, and where
+//! the kernel steers, a handshake and a proof socket on the same port.
+
+use crate::ports::UdpPort;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use wirelane_io::udp::{ProofRule, Steering, UdpSocket};
+
+/// Receive buffer of each handshake socket (see `Sockets::bind`). The kernel charges a
+/// small datagram about 1 KiB and doubles the size asked for, so this holds about two
+/// thousand messages: milliseconds of a flood for a release build.
+pub const HANDSHAKE_SOCKET_BUFFER: usize = 1 << 20;
+
+/// The bound UDP sockets and their settings.
+#[derive(Default, Clone)]
+pub struct Sockets {
+    pub v4: Option<Arc<dyn UdpPort>>,
+    pub v6: Option<Arc<dyn UdpPort>>,
+    /// Handshake sockets, on the same port as `v4` and `v6`: the kernel steers every
+    /// datagram but transport data and proven handshake messages to them
+    /// (`UdpSocket::bind_steered`), so a handshake flood fills and overflows their
+    /// buffers and never the data sockets'. None where the kernel refused; the data
+    /// socket then receives everything. Replies leave by the data sockets, whose
+    /// source port is the same.
+    pub hs4: Option<Arc<dyn UdpPort>>,
+    pub hs6: Option<Arc<dyn UdpPort>>,
+    /// Proof sockets, beside the handshake sockets: initiations and responses whose
+    /// mac2 is not zero, i.e. whose sender holds a cookie of ours. The resend that
+    /// answers a cookie reply, and every initiation of a peer that holds a cookie, thus
+    /// skip the queue a flood of cookie-less initiations builds on the handshake
+    /// socket; a flood that fakes mac2 only fills this socket instead.
+    pub proof4: Option<Arc<dyn UdpPort>>,
+    pub proof6: Option<Arc<dyn UdpPort>>,
+    pub port: u16,
+    pub fwmark: u32,
+}
+
+/// Which of a family's sockets a UDP reader serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SocketRole {
+    Data,
+    Handshake,
+    Proof,
+}
+
+impl SocketRole {
+    pub const ALL: [SocketRole; 3] = [SocketRole::Data, SocketRole::Handshake, SocketRole::Proof];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            SocketRole::Data => "data",
+            SocketRole::Handshake => "handshake",
+            SocketRole::Proof => "proof",
+        }
+    }
+}
+
+/// WireGuard's shapes for the kernel's steering: transport data to the data socket,
+/// initiations and responses with a non-zero mac2 (their last 16 bytes) to the proof
+/// socket.
+fn steering() -> Steering {
+    use wirelane_proto::crypto::MAC_LEN;
+    use wirelane_proto::messages::{
+        INITIATION_LEN, RESPONSE_LEN, TYPE_INITIATION, TYPE_RESPONSE, TYPE_TRANSPORT,
+    };
+    let rule = |first_byte, len: usize| ProofRule {
+        first_byte,
+        len: len as u32,
+        field: (len - MAC_LEN) as u32,
+    };
+    Steering {
+        data_first_byte: TYPE_TRANSPORT,
+        proof: vec![
+            rule(TYPE_INITIATION, INITIATION_LEN),
+            rule(TYPE_RESPONSE, RESPONSE_LEN),
+        ],
+    }
+}
+
+impl Sockets {
+    pub fn for_destination(&self, dst: &SocketAddr) -> Option<&Arc<dyn UdpPort>> {
+        match dst {
+            SocketAddr::V4(_) => self.v4.as_ref(),
+            SocketAddr::V6(a) if a.ip().to_ipv4_mapped().is_some() => self.v4.as_ref(),
+            SocketAddr::V6(_) => self.v6.as_ref(),
+        }
+    }
+
+    /// The socket one UDP reader serves.
+    pub fn for_reader(&self, v6: bool, role: SocketRole) -> Option<&Arc<dyn UdpPort>> {
+        match (v6, role) {
+            (false, SocketRole::Data) => self.v4.as_ref(),
+            (true, SocketRole::Data) => self.v6.as_ref(),
+            (false, SocketRole::Handshake) => self.hs4.as_ref(),
+            (true, SocketRole::Handshake) => self.hs6.as_ref(),
+            (false, SocketRole::Proof) => self.proof4.as_ref(),
+            (true, SocketRole::Proof) => self.proof6.as_ref(),
+        }
+    }
+
+    /// Binds both families on `port` (0: any). IPv6 may be unavailable; IPv4 may not.
+    pub fn bind(port: u16, fwmark: u32) -> std::io::Result<Sockets> {
+        let steering = steering();
+        let (v4, steered4) = UdpSocket::bind_steered(false, port, &steering)?;
+        let port = v4.local_port()?;
+        let (v6, steered6) = match UdpSocket::bind_steered(true, port, &steering) {
+            Ok((s, steered)) => (Some(s), steered.ok()),
+            Err(e) if e.raw_os_error() == Some(libc::EAFNOSUPPORT) => (None, None),
+            Err(e) => return Err(e),
+        };
+        if let Err(e) = &steered4 {
+            tracing::info!(error = %e, "no steered handshake sockets: floods share the data socket");
+        }
+        let (hs4, proof4) = steered4.ok().unzip();
+        let (hs6, proof6) = steered6.unzip();
+        // A handshake socket's backlog is all flood when it fills: kept shallow, it
+        // holds a legitimate initiation behind milliseconds of it, not a second, and
+        // drains soon after a flood ends. So is a proof socket's under a forged flood.
+        for s in [&hs4, &hs6, &proof4, &proof6].into_iter().flatten() {
+            s.set_receive_buffer(HANDSHAKE_SOCKET_BUFFER)?;
+        }
+        let port_of = |s: UdpSocket| -> Arc<dyn UdpPort> { Arc::new(s) };
+        let s = Sockets {
+            v4: Some(port_of(v4)),
+            v6: v6.map(port_of),
+            hs4: hs4.map(port_of),
+            hs6: hs6.map(port_of),
+            proof4: proof4.map(port_of),
+            proof6: proof6.map(port_of),
+            port,
+            fwmark,
+        };
+        s.apply_fwmark(fwmark)?;
+        Ok(s)
+    }
+
+    /// Datagrams the kernel dropped on this role's sockets since they were bound.
+    pub fn kernel_drops(&self, role: SocketRole) -> u64 {
+        [false, true]
+            .into_iter()
+            .filter_map(|v6| self.for_reader(v6, role))
+            .map(|s| u64::from(s.drops().unwrap_or(0)))
+            .sum()
+    }
+
+    pub fn apply_fwmark(&self, mark: u32) -> std::io::Result<()> {
+        let all = [
+            &self.v4,
+            &self.v6,
+            &self.hs4,
+            &self.hs6,
+            &self.proof4,
+            &self.proof6,
+        ];
+        for s in all.into_iter().flatten() {
+            s.set_mark(mark)?;
+        }
+        Ok(())
+    }
+}
