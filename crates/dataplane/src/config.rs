@@ -9,7 +9,7 @@
 use crate::interface::{Interface, PeerTable};
 use crate::peer::Peer;
 use crate::sockets::Sockets;
-use crate::stages::protocol::step;
+use crate::stages::nonce::step;
 use crate::stages::StageCtx;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;

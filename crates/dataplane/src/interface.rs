@@ -13,6 +13,7 @@ use crate::peer::Peer;
 use crate::ports::TunPort;
 use crate::sockets::Sockets;
 use crate::stats::Stats;
+use crate::underload::{ReplyRate, MAX_QUEUED_HANDSHAKES, UNDER_LOAD_AFTER, UNDER_LOAD_THRESHOLD};
 use crossbeam_channel::{Receiver, Sender};
 use rand_core::{OsRng, RngCore};
 use std::cmp::Reverse;
@@ -27,12 +28,6 @@ use wirelane_proto::cookie::Gate;
 use wirelane_proto::messages::Kind;
 use wirelane_proto::{AllowedIps, IndexTable, LocalIdentity};
 
-/// Bound of the handshake queue (the kernel's MAX_QUEUED_INCOMING_HANDSHAKES).
-pub const MAX_QUEUED_HANDSHAKES: usize = 4096;
-/// Queue depth from which the interface counts as under load: an eighth of the bound.
-pub const UNDER_LOAD_THRESHOLD: usize = MAX_QUEUED_HANDSHAKES / 8;
-/// How long under-load mode lasts after the queue drops below the threshold.
-pub const UNDER_LOAD_AFTER: Duration = Duration::from_secs(1);
 /// Sources the handshake rate limiter tracks at most.
 pub const RATE_LIMITER_CAPACITY: usize = 16_384;
 
@@ -83,7 +78,7 @@ pub struct Interface {
     cookie_lane_rx: Receiver<HandshakeJob>,
     last_under_load_ns: AtomicU64,
     /// The gate's cookie replies per [`UNDER_LOAD_AFTER`], which keep a flood under load.
-    pub(crate) cookie_reply_rate: crate::stages::gate::ReplyRate,
+    pub(crate) cookie_reply_rate: ReplyRate,
     timers: Mutex<BinaryHeap<Reverse<(u64, u32)>>>,
     /// The device's place, MTU and addresses, and the sockets' routing generation.
     pub netwatch: NetWatch,

@@ -3,7 +3,7 @@
 //! runtime that serves one or many interfaces with one set of threads.
 //!
 //! Layering (each module uses only those above it in this list, never back):
-//! `packet`, `pool`, `queue`, `peer`, `stats`, `inner`, `icmp` → `ports`, `sockets`,
+//! `queue`, `packet`, `pool`, `peer`, `stats`, `inner`, `icmp`, `underload` → `ports`, `sockets`,
 //! `netwatch` → `interface` → `sched` → `stages` (which call only `sched`'s trait) →
 //! `exec` (one module per execution model) and `loops` (the I/O loops no model owns)
 //! → `runtime`. `config` applies UAPI updates through the stages.
@@ -47,6 +47,8 @@ pub mod stages;
 pub mod stats;
 #[cfg(not(loom))]
 pub mod threads;
+#[cfg(not(loom))]
+pub mod underload;
 
 #[cfg(not(loom))]
 pub use config::{DeviceSnapshot, DeviceUpdate, PeerSnapshot, PeerUpdate};

@@ -13,8 +13,8 @@ use wirelane_io::udp::LocalAddr;
 use wirelane_proto::messages::TRANSPORT_HEADER_LEN;
 use wirelane_proto::Keypair;
 
-use crate::peer::Peer;
 use crate::pool;
+use crate::queue::Ordered;
 
 /// Room before the payload: the transport header.
 pub const HEADROOM: usize = TRANSPORT_HEADER_LEN;
@@ -107,23 +107,22 @@ pub struct BatchBody {
     pub packets: Vec<Packet>,
 }
 
-/// A unit of crypt work, also an element of its peer's ordered queue.
+/// A unit of crypt work, also an element of its peer's ordered queue. The peer it
+/// belongs to travels beside it, in the work item (`sched::CryptWork`).
 ///
 /// Ordering contract: the crypt worker that owns the body sets `done` with `SeqCst`
 /// after its last write; the peer's serial stage reads the body only after it has
 /// seen `done` (also `SeqCst`). The body's mutex is therefore never contended; it exists
 /// so that handing the body from worker to serial stage needs no unsafe code.
 pub struct Batch {
-    pub peer: Arc<Peer>,
     pub keypair: Arc<Keypair>,
     done: AtomicBool,
     body: Mutex<BatchBody>,
 }
 
 impl Batch {
-    pub fn new(peer: Arc<Peer>, keypair: Arc<Keypair>, packets: Vec<Packet>) -> Arc<Batch> {
+    pub fn new(keypair: Arc<Keypair>, packets: Vec<Packet>) -> Arc<Batch> {
         Arc::new(Batch {
-            peer,
             keypair,
             done: AtomicBool::new(false),
             body: Mutex::new(BatchBody { packets }),
@@ -148,5 +147,14 @@ impl Batch {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+impl Ordered for Batch {
+    fn is_done(&self) -> bool {
+        Batch::is_done(self)
+    }
+    fn packets(&self) -> usize {
+        self.len()
     }
 }

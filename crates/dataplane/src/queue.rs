@@ -28,8 +28,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 #[cfg(not(loom))]
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
-#[cfg(not(loom))]
-use crate::packet::Batch;
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
@@ -52,20 +50,10 @@ pub struct Drained {
 /// What an ordered queue holds: the pipeline's batches, or a stand-in in the tests
 /// (which run under Miri, where the real batches' crypto keys cannot be built).
 pub trait Ordered {
-    /// Whether the crypt stage has finished with it (`SeqCst`, see [`Batch`]).
+    /// Whether the crypt stage has finished with it (`SeqCst`, see `packet::Batch`).
     fn is_done(&self) -> bool;
     /// Packets it counts against [`MAX_QUEUED_PACKETS`].
     fn packets(&self) -> usize;
-}
-
-#[cfg(not(loom))]
-impl Ordered for Batch {
-    fn is_done(&self) -> bool {
-        Batch::is_done(self)
-    }
-    fn packets(&self) -> usize {
-        self.len()
-    }
 }
 
 /// The queue proper and its `scheduled` flag, under one lock.

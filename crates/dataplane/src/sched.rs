@@ -28,6 +28,7 @@ pub enum Direction {
 /// already holds its place in its peer's ordered queue.
 pub struct CryptWork {
     pub iface: Arc<Interface>,
+    pub peer: Arc<Peer>,
     pub batch: Arc<Batch>,
     pub dir: Direction,
 }

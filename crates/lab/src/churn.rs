@@ -8,7 +8,7 @@
 //! packet to a decoy would send the sink a handshake initiation; nothing else may,
 //! since decoys have no traffic and no persistent keepalive.
 
-use crate::impls::{Impl, Tunnel};
+use crate::impls::{self, Tunnel};
 use crate::peers::rss_kib;
 use crate::relay::{Impairment, Rng};
 use crate::topology::{Testbed, Topology};
@@ -145,7 +145,7 @@ fn churn_round(
 /// continuously; B's daemon is sampled after every run.
 pub fn churn_scenario(total: Duration, chunk: Duration) -> Result<ChurnOutcome> {
     let bed = Testbed::build(Topology::Pair, Impairment::default())?;
-    let tun = Tunnel::up(Impl::Wirelane, &bed)?;
+    let tun = Tunnel::up(impls::WIRELANE, &bed)?;
     let (a, b) = (bed.hosts[0].ns.name.clone(), bed.hosts[1].ns.name.clone());
     let b_if = tun.daemons[1].ifname.clone();
     let pid = tun.daemons[1].pid.ok_or("daemon has no pid")?;
@@ -264,7 +264,7 @@ pub struct UpDownOutcome {
 /// and compares B's descriptors, threads and memory.
 pub fn updown_scenario(cycles: usize) -> Result<UpDownOutcome> {
     let bed = Testbed::build(Topology::Pair, Impairment::default())?;
-    let tun = Tunnel::up(Impl::Wirelane, &bed)?;
+    let tun = Tunnel::up(impls::WIRELANE, &bed)?;
     let (a, b) = (bed.hosts[0].ns.name.clone(), bed.hosts[1].ns.name.clone());
     let b_if = &tun.daemons[1].ifname;
     let pid = tun.daemons[1].pid.ok_or("daemon has no pid")?;

@@ -10,7 +10,7 @@
 //!
 //! Each scenario builds its own testbed, removed on return even on error.
 
-use crate::impls::{Impl, Tunnel};
+use crate::impls::{self, Tunnel};
 use crate::relay::{CounterSnapshot, Impairment};
 use crate::topology::{Testbed, Topology};
 use crate::uapi::delta;
@@ -36,7 +36,7 @@ pub struct Bed {
 impl Bed {
     pub fn up(imp: Impairment) -> Result<Bed> {
         let bed = Testbed::build(Topology::PairRouter, imp)?;
-        let tun = Tunnel::up(Impl::Wirelane, &bed)?;
+        let tun = Tunnel::up(impls::WIRELANE, &bed)?;
         Ok(Bed { bed, tun })
     }
 

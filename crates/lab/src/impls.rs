@@ -9,31 +9,136 @@ use crate::Result;
 use std::net::IpAddr;
 use std::path::PathBuf;
 use std::process::{Child, Stdio};
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
+use wirelane_dataplane::exec::Model;
+
+/// Which wirelane: this build or another one registered by name (for A/B runs), and
+/// the settings it runs with. Written `wirelane[@BUILD][:MODEL]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct Flavor {
+    /// Another build, by its index in [`builds`]; None: the one built with this lab.
+    pub build: Option<u8>,
+    /// The execution model (`--model`); None: the daemon's default.
+    pub model: Option<Model>,
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Impl {
-    Wirelane,
+    Wirelane(Flavor),
     WireguardGo,
     Boringtun,
     Kernel,
     None,
 }
 
+/// This build of wirelane with its defaults.
+pub const WIRELANE: Impl = Impl::Wirelane(Flavor {
+    build: None,
+    model: None,
+});
+
 pub const ALL: [Impl; 5] = [
-    Impl::Wirelane,
+    WIRELANE,
     Impl::WireguardGo,
     Impl::Boringtun,
     Impl::Kernel,
     Impl::None,
 ];
 
+/// Other wirelane builds, by name: `--build NAME=PATH` on the command line, or
+/// `WIRELANE_LAB_BUILDS=NAME=PATH[,NAME=PATH...]` in the environment.
+fn builds() -> &'static Mutex<Vec<(String, PathBuf)>> {
+    static BUILDS: OnceLock<Mutex<Vec<(String, PathBuf)>>> = OnceLock::new();
+    BUILDS.get_or_init(|| {
+        let from_env = std::env::var("WIRELANE_LAB_BUILDS").unwrap_or_default();
+        let list = from_env
+            .split(',')
+            .filter_map(|b| b.split_once('='))
+            .map(|(n, p)| (n.to_string(), PathBuf::from(p)))
+            .collect();
+        Mutex::new(list)
+    })
+}
+
+/// Registers another wirelane build as `wirelane@NAME`.
+pub fn register_build(spec: &str) -> Result<()> {
+    let (name, path) = spec
+        .split_once('=')
+        .ok_or_else(|| format!("--build takes NAME=PATH, not '{spec}'"))?;
+    let valid = !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+    if !valid {
+        return Err(format!("build name '{name}': letters, digits, '-' and '_' only").into());
+    }
+    if !std::path::Path::new(path).is_file() {
+        return Err(format!("build '{name}': {path} is not a file").into());
+    }
+    let mut b = builds().lock().unwrap_or_else(|p| p.into_inner());
+    b.retain(|(n, _)| n != name);
+    if b.len() >= usize::from(u8::MAX) {
+        return Err("too many builds".into());
+    }
+    b.push((name.to_string(), PathBuf::from(path)));
+    Ok(())
+}
+
+impl std::fmt::Display for Impl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Impl::Wirelane(fl) => {
+                f.write_str("wirelane")?;
+                if let Some(i) = fl.build {
+                    let b = builds().lock().unwrap_or_else(|p| p.into_inner());
+                    let name = b.get(usize::from(i)).map_or("?", |(n, _)| n.as_str());
+                    write!(f, "@{name}")?;
+                }
+                if let Some(m) = fl.model {
+                    write!(f, ":{m}")?;
+                }
+                Ok(())
+            }
+            Impl::WireguardGo => f.write_str("wireguard-go"),
+            Impl::Boringtun => f.write_str("boringtun"),
+            Impl::Kernel => f.write_str("kernel"),
+            Impl::None => f.write_str("none"),
+        }
+    }
+}
+
 impl std::str::FromStr for Impl {
     type Err = String;
     fn from_str(s: &str) -> std::result::Result<Self, String> {
-        ALL.into_iter()
-            .find(|i| i.name() == s)
-            .ok_or_else(|| format!("unknown implementation '{s}' (known: wirelane, wireguard-go, boringtun, kernel, none)"))
+        let unknown = || {
+            format!(
+                "unknown implementation '{s}' (known: wirelane[@BUILD][:MODEL], wireguard-go, \
+                 boringtun, kernel, none; models: workqueue, threaded, softirq)"
+            )
+        };
+        let Some(rest) = s.strip_prefix("wirelane") else {
+            return [Impl::WireguardGo, Impl::Boringtun, Impl::Kernel, Impl::None]
+                .into_iter()
+                .find(|i| i.name() == s)
+                .ok_or_else(unknown);
+        };
+        let (rest, model) = match rest.split_once(':') {
+            Some((r, m)) => (r, Some(m.parse::<Model>()?)),
+            None => (rest, None),
+        };
+        let build = match rest {
+            "" => None,
+            b => {
+                let name = b.strip_prefix('@').ok_or_else(unknown)?;
+                let list = builds().lock().unwrap_or_else(|p| p.into_inner());
+                let i = list.iter().position(|(n, _)| n == name).ok_or_else(|| {
+                    format!("no build named '{name}' (register it with --build {name}=PATH)")
+                })?;
+                Some(i as u8)
+            }
+        };
+        Ok(Impl::Wirelane(Flavor { build, model }))
     }
 }
 
@@ -52,19 +157,25 @@ pub fn find_tool(name: &str) -> Option<PathBuf> {
 }
 
 impl Impl {
-    pub fn name(self) -> &'static str {
-        match self {
-            Impl::Wirelane => "wirelane",
-            Impl::WireguardGo => "wireguard-go",
-            Impl::Boringtun => "boringtun",
-            Impl::Kernel => "kernel",
-            Impl::None => "none",
-        }
+    pub fn name(self) -> String {
+        self.to_string()
+    }
+
+    /// Whether this is a wirelane build.
+    pub fn is_wirelane(self) -> bool {
+        matches!(self, Impl::Wirelane(_))
     }
 
     fn program(self) -> Result<PathBuf> {
         let (name, hint) = match self {
-            Impl::Wirelane => {
+            Impl::Wirelane(Flavor { build: Some(i), .. }) => {
+                let b = builds().lock().unwrap_or_else(|p| p.into_inner());
+                return b
+                    .get(usize::from(i))
+                    .map(|(_, p)| p.clone())
+                    .ok_or_else(|| "unknown build".into());
+            }
+            Impl::Wirelane(_) => {
                 // The daemon built alongside this lab binary, or alongside the test
                 // binary running the lab's library (which lives in `deps/`).
                 let exe = std::env::current_exe()?;
@@ -170,6 +281,9 @@ pub fn start(which: Impl, ns: &Netns) -> Result<Daemon> {
     }
     let mut cmd = ns.command(which.program()?.to_str().ok_or("non-UTF-8 path")?);
     cmd.arg("-f");
+    if let Impl::Wirelane(Flavor { model: Some(m), .. }) = which {
+        cmd.args(["--model", m.name()]);
+    }
     if which == Impl::Boringtun {
         cmd.arg("--disable-drop-privileges");
     }

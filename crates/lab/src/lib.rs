@@ -20,6 +20,7 @@ pub mod relay;
 pub mod report;
 pub mod robust;
 pub mod run;
+pub mod signatures;
 pub mod stats;
 pub mod summary;
 pub mod topology;

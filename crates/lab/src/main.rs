@@ -39,6 +39,15 @@ enum Cmd {
         /// Only these implementations (comma-separated).
         #[arg(long, value_delimiter = ',')]
         only: Vec<String>,
+        /// Run these implementations instead of the matrix's (comma-separated), e.g.
+        /// wirelane:workqueue,wirelane:threaded,wirelane:softirq or, with --build,
+        /// wirelane,wirelane@base. The first is the baseline.
+        #[arg(long, value_delimiter = ',')]
+        implementations: Vec<String>,
+        /// Register another wirelane binary as wirelane@NAME (repeatable), for A/B runs
+        /// of two builds interleaved in one run.
+        #[arg(long, value_name = "NAME=PATH")]
+        build: Vec<String>,
     },
     /// Write DIR/report.html (charts and history) and DIR/summary.md from DIR's
     /// results, with earlier result directories as history.
@@ -262,15 +271,37 @@ fn progress(done: usize, total: usize, line: &str) {
     );
 }
 
-fn run_matrix(
-    path: &PathBuf,
+/// What `run` takes beside the matrix.
+struct RunOptions<'a> {
     out: Option<PathBuf>,
     duration: Option<f64>,
     repeats: Option<usize>,
-    only: &[String],
-) -> Result<()> {
+    only: &'a [String],
+    implementations: &'a [String],
+    builds: &'a [String],
+}
+
+fn run_matrix(path: &PathBuf, o: RunOptions<'_>) -> Result<()> {
+    let RunOptions {
+        out,
+        duration,
+        repeats,
+        only,
+        implementations,
+        builds,
+    } = o;
+    for b in builds {
+        wirelane_lab::impls::register_build(b)?;
+    }
     let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let mut m = Matrix::parse(&text)?;
+    if !implementations.is_empty() {
+        m.implementations = implementations
+            .iter()
+            .map(|s| s.parse())
+            .collect::<std::result::Result<_, _>>()?;
+        m.baseline = m.implementations[0];
+    }
     if let Some(d) = duration {
         if !(0.5..=600.0).contains(&d) {
             return Err("--duration must be 0.5..=600 seconds".into());
@@ -351,7 +382,7 @@ fn run_matrix(
         .iter()
         .map(|i| i.name().to_string())
         .collect();
-    let md = summary::markdown(&records, m.baseline.name(), &order);
+    let md = summary::markdown(&records, &m.baseline.name(), &order);
     std::fs::write(out.join("summary.md"), &md)?;
     println!("{md}");
     println!("results: {}", out.join("results.jsonl").display());
@@ -428,7 +459,19 @@ fn main() -> ExitCode {
             duration,
             repeats,
             only,
-        } => run_matrix(matrix, out.clone(), *duration, *repeats, only),
+            implementations,
+            build,
+        } => run_matrix(
+            matrix,
+            RunOptions {
+                out: out.clone(),
+                duration: *duration,
+                repeats: *repeats,
+                only,
+                implementations,
+                builds: build,
+            },
+        ),
         Cmd::Report { dir, history } => write_report(dir, history),
         Cmd::Peers {
             count,

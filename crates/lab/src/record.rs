@@ -67,6 +67,31 @@ pub struct RunRecord {
     pub cycles_per_byte: Option<f64>,
     #[serde(default)]
     pub relay: Vec<CounterSnapshot>,
+    /// wirelane's execution-order signatures over the run, per tunnel end.
+    #[serde(default)]
+    pub signatures: Vec<crate::signatures::Signatures>,
+}
+
+impl CpuReport {
+    /// The busiest core's busy share minus the idlest one's (0..1): seed 000's
+    /// imbalance, one core near saturation while the others idle.
+    pub fn core_spread(&self) -> Option<f64> {
+        let busy: Vec<f64> = self
+            .cores
+            .iter()
+            .map(|c| {
+                let total = c.user + c.sys + c.softirq + c.irq + c.idle;
+                if total > 0.0 {
+                    1.0 - c.idle / total
+                } else {
+                    0.0
+                }
+            })
+            .collect();
+        let max = busy.iter().cloned().fold(f64::NAN, f64::max);
+        let min = busy.iter().cloned().fold(f64::NAN, f64::min);
+        (!busy.is_empty()).then_some(max - min)
+    }
 }
 
 impl RunRecord {

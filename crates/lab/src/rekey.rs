@@ -2,7 +2,7 @@
 //! through a wirelane pair tunnel for long enough that the session is replaced several
 //! times (REKEY_AFTER_TIME is 120 s), and what the receiver saw across the rekeys.
 
-use crate::impls::{Impl, Tunnel};
+use crate::impls::{self, Tunnel};
 use crate::relay::Impairment;
 use crate::topology::{Testbed, Topology};
 use crate::workload::udp::{self, UdpResult};
@@ -23,7 +23,7 @@ pub struct RekeyOutcome {
 /// each side completed meanwhile.
 pub fn rekey_scenario(dur: Duration, pps: u64) -> Result<RekeyOutcome> {
     let bed = Testbed::build(Topology::Pair, Impairment::default())?;
-    let tun = Tunnel::up(Impl::Wirelane, &bed)?;
+    let tun = Tunnel::up(impls::WIRELANE, &bed)?;
     let (a, b) = (bed.hosts[0].ns.name.clone(), bed.hosts[1].ns.name.clone());
     bed.hosts[0]
         .ns

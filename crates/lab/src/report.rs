@@ -301,7 +301,7 @@ td,th{{border:1px solid #ccc;padding:3px 6px;text-align:left}}.better{{backgroun
 .charts{{display:flex;flex-wrap:wrap;gap:12px}}pre{{background:#f5f5f5;padding:1em;overflow:auto;font-size:12px}}</style></head><body>
 <h1>wirelane lab: {title}</h1><p>Result set <code>{set}</code>; {cores} cores, {cpu}; kernel {kernel}; commit {commit}.
 Bars are medians over repeats with min–max whiskers; ratios are against <b>{baseline}</b>.</p>
-{body}<h2>History</h2>{history}<h2>Markdown summary</h2><pre>{md}</pre></body></html>"#,
+{body}{signatures}<h2>History</h2>{history}<h2>Markdown summary</h2><pre>{md}</pre></body></html>"#,
         title = esc(&records.first().map_or(String::new(), |r| r.matrix.clone())),
         set = esc(set),
         cores = env.map_or(0, |e| e.cores),
@@ -310,8 +310,32 @@ Bars are medians over repeats with min–max whiskers; ratios are against <b>{ba
         commit = esc(env.map_or("", |e| e.commit.as_str())),
         baseline = esc(baseline),
         history = history_table(sets),
+        signatures = signatures_html(&g, &order),
         md = esc(&md),
     )
+}
+
+/// The execution-order signatures of wirelane's models, side by side with the core
+/// spread (see `summary::signature_rows`).
+fn signatures_html(g: &summary::Grouped<'_>, order: &[String]) -> String {
+    let rows = summary::signature_rows(g, order);
+    if rows.is_empty() {
+        return String::new();
+    }
+    let mut out = String::from("<h2>Execution-order signatures (receiving end)</h2><table><tr>");
+    for h in summary::SIGNATURE_HEADER {
+        let _ = write!(out, "<th>{}</th>", esc(h));
+    }
+    out.push_str("</tr>");
+    for r in rows {
+        out.push_str("<tr>");
+        for c in r {
+            let _ = write!(out, "<td>{}</td>", esc(&c));
+        }
+        out.push_str("</tr>");
+    }
+    out.push_str("</table>");
+    out
 }
 
 /// Reads every `results.jsonl` under the given directories, grouped by result set.
@@ -375,6 +399,7 @@ mod tests {
             peak_rss_kib: vec![],
             cycles_per_byte: None,
             relay: vec![],
+            signatures: vec![],
         }
     }
 

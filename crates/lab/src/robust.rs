@@ -3,7 +3,7 @@
 //! daemon's counters through the UAPI `stats=1` operation.
 
 use crate::flood::{self, FloodKind, FloodReport, FloodSpec};
-use crate::impls::{self, Daemon, Impl, Tunnel};
+use crate::impls::{self, Daemon, Tunnel};
 use crate::peers::rss_kib;
 use crate::relay::Impairment;
 use crate::stats::median;
@@ -69,7 +69,7 @@ struct Target {
 impl Target {
     fn up(rate: Option<u64>) -> Result<Target> {
         let bed = Testbed::build(Topology::Pair, Impairment::default())?;
-        let tun = Tunnel::up(Impl::Wirelane, &bed)?;
+        let tun = Tunnel::up(impls::WIRELANE, &bed)?;
         let hb = &bed.hosts[1];
         hb.ns.run(&spoof_sink_commands())?;
         let spec = FloodSpec {
@@ -202,7 +202,7 @@ impl FloodOutcome {
 /// round trip while B is under load).
 fn new_peer_handshake(t: &Target) -> Result<Option<f64>> {
     let (a, b) = (&t.bed.hosts[0], &t.bed.hosts[1]);
-    let d: Daemon = impls::start(Impl::Wirelane, &a.ns)?;
+    let d: Daemon = impls::start(impls::WIRELANE, &a.ns)?;
     let private = crate::netns::sh("wg genkey")?.trim().to_string();
     let public = crate::netns::sh(&format!("echo {private} | wg pubkey"))?
         .trim()
@@ -553,7 +553,7 @@ pub fn replay_scenario(times: usize) -> Result<ReplayOutcome> {
     let bed = Testbed::build(Topology::PairRouter, Impairment::default())?;
     let relay = bed.relay.as_ref().ok_or("pair-router has a relay")?;
     relay.record(200);
-    let tun = Tunnel::up(Impl::Wirelane, &bed)?;
+    let tun = Tunnel::up(impls::WIRELANE, &bed)?;
     let (a, b) = (bed.hosts[0].ns.name.clone(), bed.hosts[1].ns.name.clone());
     tcp::bulk(&a, &b, tun.addr_b, 1, Duration::from_millis(300))?;
     let (transport, initiation) = (relay.recorded_to_b(4, 64)?, relay.recorded_to_b(1, 148)?);

@@ -6,6 +6,7 @@ use crate::cpu;
 use crate::impls::{Impl, Tunnel};
 use crate::matrix::{Cell, Direction, Load, Matrix, Run};
 use crate::record::{CpuReport, Env, RunRecord, SCHEMA};
+use crate::signatures;
 use crate::topology::Testbed;
 use crate::workload::{rr, tcp, udp};
 use crate::Result;
@@ -25,7 +26,7 @@ pub fn execute(m: &Matrix, run: &Run, env: &Env, set: &str) -> RunRecord {
         implementation: run.implementation.name().to_string(),
         version: env
             .versions
-            .get(run.implementation.name())
+            .get(&run.implementation.name())
             .cloned()
             .unwrap_or_default(),
         repeat: run.repeat,
@@ -38,6 +39,7 @@ pub fn execute(m: &Matrix, run: &Run, env: &Env, set: &str) -> RunRecord {
         peak_rss_kib: Vec::new(),
         cycles_per_byte: None,
         relay: Vec::new(),
+        signatures: Vec::new(),
     };
     if let Err(e) = measure(run.implementation, &cell, m.duration, &mut rec) {
         rec.error = Some(e.to_string());
@@ -94,6 +96,20 @@ fn measure(which: Impl, cell: &Cell, dur: Duration, rec: &mut RunRecord) -> Resu
     }
 
     let pids: Vec<u32> = tun.daemons.iter().filter_map(|d| d.pid).collect();
+    // wirelane's own counters, read around the workload like everything else.
+    let sig_ends: Vec<(String, String)> = if which.is_wirelane() {
+        tun.daemons
+            .iter()
+            .zip(["a", "b"])
+            .map(|(d, side)| (d.ifname.clone(), side.to_string()))
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let sigs_before: Vec<_> = sig_ends
+        .iter()
+        .map(|(i, _)| signatures::snapshot(i).unwrap_or_default())
+        .collect();
     let threads_before: Vec<_> = pids.iter().map(|p| cpu::read_threads(*p)).collect();
     let cores_before = cpu::read_cores();
     let self_before = self_cpu_s();
@@ -150,6 +166,12 @@ fn measure(which: Impl, cell: &Cell, dur: Duration, rec: &mut RunRecord) -> Resu
 
     let wall = started.elapsed().as_secs_f64();
     rec.seconds = wall;
+    for ((ifname, side), before) in sig_ends.iter().zip(&sigs_before) {
+        if let Ok(after) = signatures::snapshot(ifname) {
+            rec.signatures
+                .push(signatures::Signatures::between(side, before, &after));
+        }
+    }
     let cores_after = cpu::read_cores();
     let self_s = self_cpu_s() - self_before;
     let tick = cpu::ticks_per_second();

@@ -232,6 +232,7 @@ pub fn markdown(records: &[RunRecord], baseline: &str, impl_order: &[String]) ->
             }
         }
     }
+    out.push_str(&signatures_table(&g, impl_order));
     let disagree = records.iter().filter(|r| r.cpu.disagree).count();
     if disagree > 0 {
         out.push_str(&format!(
@@ -239,6 +240,100 @@ pub fn markdown(records: &[RunRecord], baseline: &str, impl_order: &[String]) ->
              kernel work outside any thread (softirq, or time accounted as idle) is significant there.\n",
             records.len()
         ));
+    }
+    out
+}
+
+/// The receiving end's signatures of a run: the end whose RX serial stage the cell's
+/// traffic drives (b, unless the cell sends b→a), summed over both ends for cells
+/// that send both ways.
+fn receiver_sigs(r: &RunRecord) -> Option<crate::signatures::Signatures> {
+    use crate::matrix::{Cell, Direction};
+    let dir = match r.cell {
+        Cell::Tcp { direction, .. } | Cell::Udp { direction, .. } => direction,
+        Cell::Rr { .. } => Direction::Both,
+    };
+    let pick = |side: &str| r.signatures.iter().find(|s| s.side == side).cloned();
+    match dir {
+        Direction::AToB => pick("b"),
+        Direction::BToA => pick("a"),
+        Direction::Both => {
+            let mut all = r.signatures.iter();
+            let mut sum = all.next()?.clone();
+            for s in all {
+                sum.invocations += s.invocations;
+                sum.packets += s.packets;
+                sum.empty_polls += s.empty_polls;
+                sum.head_pending += s.head_pending;
+                sum.threads.extend(s.threads.iter().cloned());
+            }
+            Some(sum)
+        }
+    }
+}
+
+/// Header of the signature table.
+pub const SIGNATURE_HEADER: [&str; 7] = [
+    "cell",
+    "implementation",
+    "packets per serial invocation",
+    "empty polls",
+    "stopped at an undone head",
+    "involuntary switches/s",
+    "core spread (busiest − idlest)",
+];
+
+/// The execution-order signatures per cell and wirelane model (medians of the
+/// repeats), beside the busiest/idlest core spread: seed 000's two symptoms are few
+/// packets per serial-stage invocation with many empty polls, and one core busy while
+/// the others idle.
+pub fn signature_rows(g: &Grouped<'_>, impl_order: &[String]) -> Vec<[String; 7]> {
+    let mut rows = Vec::new();
+    for cell in &g.cells {
+        for name in impl_order {
+            let Some(runs) = g.by_cell[cell].get(name) else {
+                continue;
+            };
+            let med = |f: fn(&RunRecord) -> Option<f64>| summary_of(runs, f).map(|s| s.median);
+            let Some(ppi) = med(|r| receiver_sigs(r).map(|s| s.packets_per_invocation())) else {
+                continue;
+            };
+            let empty = med(|r| receiver_sigs(r).map(|s| s.empty_share() * 100.0)).unwrap_or(0.0);
+            let pending =
+                med(|r| receiver_sigs(r).map(|s| s.head_pending_share() * 100.0)).unwrap_or(0.0);
+            let invol = med(|r| {
+                receiver_sigs(r).map(|s| s.involuntary_switches() as f64 / r.seconds.max(1e-9))
+            })
+            .unwrap_or(0.0);
+            let spread = med(|r| r.cpu.core_spread().map(|x| x * 100.0));
+            rows.push([
+                cell.clone(),
+                name.clone(),
+                fmt_num(ppi),
+                format!("{empty:.1}%"),
+                format!("{pending:.1}%"),
+                format!("{invol:.0}"),
+                spread.map_or("–".into(), |s| format!("{s:.0} points")),
+            ]);
+        }
+    }
+    rows
+}
+
+/// The signature table in Markdown, or nothing when no run has signatures.
+pub fn signatures_table(g: &Grouped<'_>, impl_order: &[String]) -> String {
+    let rows = signature_rows(g, impl_order);
+    if rows.is_empty() {
+        return String::new();
+    }
+    let line = |cells: &[String]| format!("| {} |\n", cells.join(" | "));
+    let mut out = String::from(
+        "\nExecution-order signatures at the receiving end (wirelane only), medians:\n\n",
+    );
+    out.push_str(&line(&SIGNATURE_HEADER.map(String::from)));
+    out.push_str(&line(&["---"; 7].map(String::from)));
+    for r in &rows {
+        out.push_str(&line(r));
     }
     out
 }

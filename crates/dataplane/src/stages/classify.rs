@@ -66,10 +66,11 @@ fn dispatch(c: StageCtx<'_>, index: u32, packets: Vec<Packet>, now: std::time::D
     // dropping authenticated-to-be packets when the peer's queue is full.
     peer.rx_queue
         .wait_for_room(n, std::time::Duration::from_millis(100));
-    let batch = Batch::new(peer.clone(), kp, packets);
+    let batch = Batch::new(kp, packets);
     if peer.rx_queue.push(batch.clone(), n) {
         c.sched.submit_crypt(CryptWork {
             iface: dev.clone(),
+            peer: peer.clone(),
             batch,
             dir: Direction::Rx,
         });

@@ -6,15 +6,16 @@
 
 use super::StageCtx;
 use crate::packet::Batch;
+use crate::peer::Peer;
 use crate::sched::{Direction, SerialWork};
 use std::sync::Arc;
 
-pub fn decrypt(c: StageCtx<'_>, batch: Arc<Batch>) {
+pub fn decrypt(c: StageCtx<'_>, peer: &Arc<Peer>, batch: Arc<Batch>) {
     open_batch(&batch);
-    if batch.peer.rx_queue.schedule() {
+    if peer.rx_queue.schedule() {
         c.sched.schedule_serial(SerialWork {
             iface: c.iface.clone(),
-            peer: batch.peer.clone(),
+            peer: peer.clone(),
             dir: Direction::Rx,
         });
     }

@@ -5,16 +5,17 @@
 
 use super::StageCtx;
 use crate::packet::{Batch, HEADROOM};
+use crate::peer::Peer;
 use crate::sched::{Direction, SerialWork};
 use std::sync::Arc;
 use wirelane_proto::messages::padded_len;
 
-pub fn encrypt(c: StageCtx<'_>, batch: Arc<Batch>) {
+pub fn encrypt(c: StageCtx<'_>, peer: &Arc<Peer>, batch: Arc<Batch>) {
     seal_batch(&batch, c.iface.mtu());
-    if batch.peer.tx_queue.schedule() {
+    if peer.tx_queue.schedule() {
         c.sched.schedule_serial(SerialWork {
             iface: c.iface.clone(),
-            peer: batch.peer.clone(),
+            peer: peer.clone(),
             dir: Direction::Tx,
         });
     }

@@ -15,12 +15,12 @@
 //! Under load: begins when the handshake queue, which now holds admitted messages only,
 //! reaches its threshold (DH work arriving faster than it is done). The gate then keeps
 //! the flood off the queue, so the flood's own rate of cookie replies keeps the mode on
-//! ([`ReplyRate`]).
+//! (`underload::ReplyRate`).
 
 use super::StageCtx;
-use crate::interface::{Interface, UNDER_LOAD_AFTER, UNDER_LOAD_THRESHOLD};
+use crate::interface::Interface;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use wirelane_io::udp::LocalAddr;
 use wirelane_proto::cookie::{GateDrop, GateVerdict};
@@ -38,34 +38,6 @@ type Reply = ([u8; COOKIE_REPLY_LEN], SocketAddr, Option<LocalAddr>);
 /// reader owns it (and its allocation) and passes it through `classify`.
 #[derive(Default)]
 pub struct Replies(Vec<Reply>);
-
-/// Cookie replies counted per window of [`UNDER_LOAD_AFTER`]. While the gate answers
-/// at least [`UNDER_LOAD_THRESHOLD`] in a window, each further reply renews under-load
-/// mode; so the mode lasts as long as a flood, and ends about [`UNDER_LOAD_AFTER`]
-/// after it. A trickle of legitimate mac1-only initiations stays below the rate, and
-/// does not keep the mode on by itself.
-///
-/// Race: two UDP readers may both restart the window, or count into one just ended;
-/// either way the rate is misjudged by a reply or two, never by a window.
-#[derive(Default)]
-pub struct ReplyRate {
-    window_start_ns: AtomicU64,
-    count: AtomicU64,
-}
-
-impl ReplyRate {
-    /// Counts one reply made at `now_ns` (monotonic); true when the current window has
-    /// reached the threshold.
-    pub fn note(&self, now_ns: u64) -> bool {
-        let start = self.window_start_ns.load(Ordering::Relaxed);
-        if now_ns.saturating_sub(start) >= UNDER_LOAD_AFTER.as_nanos() as u64 {
-            self.window_start_ns.store(now_ns, Ordering::Relaxed);
-            self.count.store(1, Ordering::Relaxed);
-            return false;
-        }
-        self.count.fetch_add(1, Ordering::Relaxed) + 1 >= UNDER_LOAD_THRESHOLD as u64
-    }
-}
 
 /// Screens one handshake message (see the module comment). Cookie replies received go
 /// straight to the queue: they need the peer's state, and carry nothing to screen.
@@ -152,33 +124,4 @@ fn send_replies(dev: &Interface, replies: &[Reply]) {
     stats
         .cookie_replies_unsent
         .fetch_add((replies.len() - sent) as u64, Ordering::Relaxed);
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    const WINDOW: u64 = UNDER_LOAD_AFTER.as_nanos() as u64;
-
-    #[test]
-    fn a_flood_rate_of_replies_renews_under_load() {
-        let rate = ReplyRate::default();
-        let t0 = 10 * WINDOW;
-        let step = WINDOW / 10_000; // 10,000 replies per window
-        let renewed: Vec<bool> = (0..UNDER_LOAD_THRESHOLD as u64 + 1)
-            .map(|i| rate.note(t0 + i * step))
-            .collect();
-        // The window's first threshold - 1 replies do not renew; from then on each does.
-        assert!(renewed[..UNDER_LOAD_THRESHOLD - 1].iter().all(|r| !r));
-        assert!(renewed[UNDER_LOAD_THRESHOLD - 1..].iter().all(|r| *r));
-        // A new window counts from zero again.
-        assert!(!rate.note(t0 + WINDOW + UNDER_LOAD_THRESHOLD as u64 * step));
-    }
-
-    #[test]
-    fn a_trickle_of_replies_never_renews_under_load() {
-        let rate = ReplyRate::default();
-        // Ten replies a second for a minute: legitimate peers meeting under-load mode.
-        assert!((0..600u64).all(|i| !rate.note(WINDOW + i * WINDOW / 10)));
-    }
 }

@@ -7,7 +7,7 @@
 //! costs one BLAKE2s and no Diffie-Hellman, and under load a valid mac2 (cookie) and the
 //! per-source rate limit are required too. What reaches this stage is worth its DH.
 
-use super::protocol::step;
+use super::nonce::step;
 use super::StageCtx;
 use crate::interface::HandshakeJob;
 use std::sync::atomic::Ordering;

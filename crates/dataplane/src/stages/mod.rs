@@ -43,8 +43,8 @@ pub fn run_crypt(sched: &dyn Scheduler, w: CryptWork) {
         sched,
     };
     match w.dir {
-        Direction::Tx => encrypt::encrypt(c, w.batch),
-        Direction::Rx => decrypt::decrypt(c, w.batch),
+        Direction::Tx => encrypt::encrypt(c, &w.peer, w.batch),
+        Direction::Rx => decrypt::decrypt(c, &w.peer, w.batch),
     }
 }
 

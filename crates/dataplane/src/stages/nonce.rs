@@ -11,8 +11,12 @@
 //! Backpressure: the TUN reader waits for room in a full peer queue rather than drop
 //! ([`enqueue_routed`]); only readers wait, never workers, which could block the very
 //! drain they wait for.
+//!
+//! Every protocol step a stage takes goes through [`step`] here, because what a step
+//! asks for is mostly this stage's work: packets staged during a handshake, and
+//! keepalives, enter the TX pipeline; handshake messages leave at once.
 
-use super::protocol::step;
+use super::protocol::{send_to_peer, take_step};
 use super::StageCtx;
 use crate::packet::{Batch, Packet, MAX_BATCH};
 use crate::peer::Peer;
@@ -20,6 +24,7 @@ use crate::sched::{CryptWork, Direction};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
+use wirelane_proto::{Ctx, Output, PeerState};
 
 /// Longest a reader waits for room in a peer's queue before dropping.
 const BACKPRESSURE_WAIT: Duration = Duration::from_millis(100);
@@ -35,6 +40,39 @@ pub fn enqueue_routed(c: StageCtx<'_>, groups: Vec<(Arc<Peer>, Vec<Packet>)>) {
             group = rest;
         }
     }
+}
+
+/// Runs one protocol step on `peer` (see `protocol::take_step`), then carries out
+/// what it asked for, after the peer's state lock is released.
+pub fn step<R>(
+    c: StageCtx<'_>,
+    peer: &Arc<Peer>,
+    f: impl FnOnce(&mut PeerState, &mut Ctx, &mut Vec<Output>) -> R,
+) -> R {
+    let (r, outs) = take_step(c, peer, f);
+    for o in outs {
+        match o {
+            Output::Handshake(bytes) => send_to_peer(c, peer, &bytes),
+            Output::SendStaged { keepalive_if_empty } => {
+                let mut staged = peer.take_staged();
+                if staged.is_empty() && keepalive_if_empty {
+                    staged.push(Packet::with_capacity(0));
+                }
+                if !staged.is_empty() {
+                    assign_and_enqueue(c, peer, staged);
+                }
+            }
+            Output::Keepalive => assign_and_enqueue(c, peer, vec![Packet::with_capacity(0)]),
+            Output::DropStaged => {
+                let n = peer.take_staged().len();
+                c.iface
+                    .stats
+                    .tx_dropped
+                    .fetch_add(n as u64, Ordering::Relaxed);
+            }
+        }
+    }
+    r
 }
 
 pub fn assign_and_enqueue(c: StageCtx<'_>, peer: &Arc<Peer>, packets: Vec<Packet>) {
@@ -58,7 +96,7 @@ pub fn assign_and_enqueue(c: StageCtx<'_>, peer: &Arc<Peer>, packets: Vec<Packet
                     for (i, p) in chunk.iter_mut().enumerate() {
                         p.counter = first + i as u64;
                     }
-                    let batch = Batch::new(peer.clone(), kp, chunk);
+                    let batch = Batch::new(kp, chunk);
                     if peer.tx_queue.push(batch.clone(), n) {
                         Ok(batch)
                     } else {
@@ -71,6 +109,7 @@ pub fn assign_and_enqueue(c: StageCtx<'_>, peer: &Arc<Peer>, packets: Vec<Packet
         match pending {
             Ok(batch) => c.sched.submit_crypt(CryptWork {
                 iface: c.iface.clone(),
+                peer: peer.clone(),
                 batch,
                 dir: Direction::Tx,
             }),

@@ -1,11 +1,10 @@
 //! Not a stage of its own: the protocol step any stage (and the UAPI) may take on a
-//! peer, and what the step asks for afterwards. Input: a closure over the peer's
-//! `PeerState` and a fully built protocol context. Output: the closure's result; the
-//! peer's timer re-armed; handshake messages sent; staged packets and keepalives
-//! entered into the TX pipeline (stage TX-3, `nonce`) in order.
+//! peer. Input: a closure over the peer's `PeerState` and a fully built protocol
+//! context. Output: the closure's result, the peer's timer re-armed, and the outputs
+//! the step asked for, which `nonce::step` carries out (handshake messages through
+//! [`send_to_peer`], packets into stage TX-3).
 
 use super::StageCtx;
-use crate::packet::Packet;
 use crate::peer::Peer;
 use rand_core::OsRng;
 use std::cell::RefCell;
@@ -28,13 +27,14 @@ pub(crate) fn with_step_rng<R>(f: impl FnOnce(&mut KeystreamRng) -> R) -> R {
     STEP_RNG.with_borrow_mut(f)
 }
 
-/// Runs one protocol step on `peer`, then re-arms its timer and carries out whatever
-/// the step asked for (after the peer's state lock is released).
-pub fn step<R>(
+/// Runs one protocol step on `peer` and re-arms its timer; returns the closure's
+/// result and what the step asks for, to carry out once the peer's state lock is
+/// released (`nonce::step` does both).
+pub fn take_step<R>(
     c: StageCtx<'_>,
     peer: &Arc<Peer>,
     f: impl FnOnce(&mut PeerState, &mut Ctx, &mut Vec<Output>) -> R,
-) -> R {
+) -> (R, Vec<Output>) {
     let iface = c.iface;
     let identity = iface.identity();
     let mut out = Vec::new();
@@ -54,41 +54,12 @@ pub fn step<R>(
         (r, state.next_deadline())
     };
     iface.rearm(peer, deadline);
-    carry_out(c, peer, out);
-    r
-}
-
-/// Carries out protocol outputs for `peer`.
-fn carry_out(c: StageCtx<'_>, peer: &Arc<Peer>, outs: Vec<Output>) {
-    for o in outs {
-        match o {
-            Output::Handshake(bytes) => send_to_peer(c, peer, &bytes),
-            Output::SendStaged { keepalive_if_empty } => {
-                let mut staged = peer.take_staged();
-                if staged.is_empty() && keepalive_if_empty {
-                    staged.push(Packet::with_capacity(0));
-                }
-                if !staged.is_empty() {
-                    super::nonce::assign_and_enqueue(c, peer, staged);
-                }
-            }
-            Output::Keepalive => {
-                super::nonce::assign_and_enqueue(c, peer, vec![Packet::with_capacity(0)])
-            }
-            Output::DropStaged => {
-                let n = peer.take_staged().len();
-                c.iface
-                    .stats
-                    .tx_dropped
-                    .fetch_add(n as u64, Ordering::Relaxed);
-            }
-        }
-    }
+    (r, out)
 }
 
 /// Sends one datagram (a handshake message) to the peer's current endpoint, if it has
 /// one, from its sticky source.
-fn send_to_peer(c: StageCtx<'_>, peer: &Peer, bytes: &[u8]) {
+pub fn send_to_peer(c: StageCtx<'_>, peer: &Peer, bytes: &[u8]) {
     let iface = c.iface;
     let Some(ep) = peer.state().endpoint() else {
         iface.stats.tx_no_endpoint.fetch_add(1, Ordering::Relaxed);

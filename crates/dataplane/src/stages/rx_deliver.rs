@@ -3,7 +3,7 @@
 //! inner-header validation, the cryptokey-routing source check, and the write to the
 //! TUN. Keepalives stop after the bookkeeping. Runs as one work item per peer at a time.
 
-use super::protocol::step;
+use super::nonce::step;
 use super::StageCtx;
 use crate::inner;
 use crate::interface::Interface;

@@ -4,7 +4,7 @@
 //! route's choice of source: the sticky one may be why the peer stopped answering, as
 //! kernel WireGuard reasons when it clears it there too.
 
-use super::protocol::step;
+use super::nonce::step;
 use super::StageCtx;
 use std::sync::atomic::Ordering;
 use wirelane_proto::Output;

@@ -4,7 +4,7 @@
 //! where the kernel refuses that, sendmmsg. Runs as one work item per peer at a time
 //! (see `OrderedQueue`).
 
-use super::protocol::step;
+use super::nonce::step;
 use super::StageCtx;
 use crate::peer::Peer;
 use crate::ports::UdpPort;
