@@ -2,11 +2,10 @@
 //! behaviour of the kernel (its selftest, `tools/testing/selftests/wireguard/netns.sh`,
 //! checks most of them) with namespaces of our own.
 
-mod common;
-use common::*;
 use std::os::unix::fs::PermissionsExt;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
+use wirelane_lab::testbed::*;
 
 fn wait_until(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
     let deadline = Instant::now() + timeout;
@@ -62,12 +61,12 @@ fn wait_serving(child: &mut std::process::Child, ifname: &str) {
 #[test]
 fn restart_right_after_the_interface_is_deleted() {
     require_root();
-    let ns = Netns::new();
+    let ns = Netns::fresh();
     let ifname = unique("wr");
     let mut old = spawn_foreground(&ns, &ifname);
     wait_serving(&mut old, &ifname);
     for round in 0..20 {
-        ns.run(&format!("ip link del {ifname}"));
+        ns.run_ok(&format!("ip link del {ifname}"));
         let mut new = spawn_foreground(&ns, &ifname);
         wait_serving(&mut new, &ifname);
         let status = old.wait().unwrap();
@@ -76,12 +75,12 @@ fn restart_right_after_the_interface_is_deleted() {
             "round {round}: the old daemon exited {status}"
         );
         // The new daemon owns the name: interface, socket and configuration work.
-        ns.run(&format!(
+        ns.run_ok(&format!(
             "ip link show {ifname} && wg set {ifname} listen-port 0"
         ));
         old = new;
     }
-    ns.run(&format!("ip link del {ifname}"));
+    ns.run_ok(&format!("ip link del {ifname}"));
     assert!(old.wait().unwrap().success());
 }
 
@@ -90,7 +89,7 @@ fn restart_right_after_the_interface_is_deleted() {
 #[test]
 fn wg_quick_down_then_up_twenty_times() {
     require_root();
-    let ns = Netns::new();
+    let ns = Netns::fresh();
     let ifname = unique("wq");
     let dir = std::env::temp_dir().join(unique("wqr"));
     std::fs::create_dir_all(&dir).unwrap();
@@ -107,7 +106,7 @@ fn wg_quick_down_then_up_twenty_times() {
     std::fs::set_permissions(&conf, std::fs::Permissions::from_mode(0o600)).unwrap();
     let bin = env!("CARGO_BIN_EXE_wirelane");
     let quick = |verb: &str| {
-        ns.run(&format!(
+        ns.run_ok(&format!(
             "WG_QUICK_USERSPACE_IMPLEMENTATION={bin} wg-quick {verb} {} 2>&1",
             conf.display()
         ))
@@ -116,7 +115,7 @@ fn wg_quick_down_then_up_twenty_times() {
     for _ in 0..20 {
         quick("down");
         quick("up");
-        let shown = ns.run(&format!("wg show {ifname} listen-port"));
+        let shown = ns.run_ok(&format!("wg show {ifname} listen-port"));
         assert_eq!(shown.trim(), "51820");
     }
     quick("down");
@@ -134,8 +133,8 @@ fn wg_quick_down_then_up_twenty_times() {
 #[test]
 fn private_keys_are_reported_clamped() {
     require_root();
-    let ns = Netns::new();
-    let d = Daemon::start(Impl::Wirelane, &ns);
+    let ns = Netns::fresh();
+    let d = Daemon::start(WIRELANE, &ns);
     let keys = genkeys();
     // genkey's output is clamped, so its first byte's low three bits are clear; '/'
     // sets the highest of them (and all above), '+' is the same with it cleared.
@@ -168,11 +167,8 @@ struct Moved {
 impl Moved {
     fn new() -> Moved {
         require_root();
-        let (ns0, ns1, ns2) = (Netns::new(), Netns::new(), Netns::new());
-        let (d1, d2) = (
-            Daemon::start(Impl::Wirelane, &ns0),
-            Daemon::start(Impl::Wirelane, &ns0),
-        );
+        let (ns0, ns1, ns2) = (Netns::fresh(), Netns::fresh(), Netns::fresh());
+        let (d1, d2) = (Daemon::start(WIRELANE, &ns0), Daemon::start(WIRELANE, &ns0));
         let (k1, k2) = (genkeys(), genkeys());
         for (ns, d, own, other, n) in [(&ns1, &d1, &k1, &k2, 1), (&ns2, &d2, &k2, &k1, 2)] {
             let key = std::env::temp_dir().join(format!("{}.key", d.ifname));
@@ -186,8 +182,8 @@ impl Moved {
                 3 - n
             ));
             let _ = std::fs::remove_file(key);
-            ns0.run(&format!("ip link set {} netns {}", d.ifname, ns.name));
-            ns.run(&format!(
+            ns0.run_ok(&format!("ip link set {} netns {}", d.ifname, ns.name));
+            ns.run_ok(&format!(
                 "ip addr add 192.168.241.{n}/24 dev {0} && ip link set {0} up",
                 d.ifname
             ));
@@ -203,14 +199,14 @@ impl Moved {
 
     fn set_mtu(&self, mtu: u32) {
         self.ns1
-            .run(&format!("ip link set {} mtu {mtu}", self.d1.ifname));
+            .run_ok(&format!("ip link set {} mtu {mtu}", self.d1.ifname));
         self.ns2
-            .run(&format!("ip link set {} mtu {mtu}", self.d2.ifname));
+            .run_ok(&format!("ip link set {} mtu {mtu}", self.d2.ifname));
     }
 
     /// Replaces ns0's INPUT rules (the outer datagrams, on loopback) with `rule`.
     fn outer_rule(&self, rule: &str) {
-        self.ns0.run(&format!(
+        self.ns0.run_ok(&format!(
             "iptables -F INPUT && iptables -A INPUT {rule} -j DROP"
         ));
     }
@@ -229,35 +225,38 @@ fn padding_follows_the_mtu_of_a_moved_interface_and_its_routes() {
     m.set_mtu(1300);
     // Stale padding (MTU 1420 as created) would send 1312 + 60 bytes.
     m.outer_rule("-m length --length 1372");
-    m.ns2.run("ping -c 1 -W 5 -s 1269 192.168.241.1 >/dev/null");
+    m.ns2
+        .run_ok("ping -c 1 -W 5 -s 1269 192.168.241.1 >/dev/null");
     // Padding to the interface's MTU would send 1300 + 60 bytes; the route says 1299.
     m.outer_rule("-m length --length 1360");
-    m.ns1.run(&format!(
+    m.ns1.run_ok(&format!(
         "ip route add 192.168.241.2/32 dev {} mtu 1299",
         m.d1.ifname
     ));
-    m.ns2.run(&format!(
+    m.ns2.run_ok(&format!(
         "ip route add 192.168.241.1/32 dev {} mtu 1299",
         m.d2.ifname
     ));
-    m.ns2.run("ping -c 1 -W 5 -s 1269 192.168.241.1 >/dev/null");
+    m.ns2
+        .run_ok("ping -c 1 -W 5 -s 1269 192.168.241.1 >/dev/null");
     // And the routes going away give the interface's MTU back.
-    m.ns1.run(&format!(
+    m.ns1.run_ok(&format!(
         "ip route del 192.168.241.2/32 dev {} mtu 1299",
         m.d1.ifname
     ));
-    m.ns2.run(&format!(
+    m.ns2.run_ok(&format!(
         "ip route del 192.168.241.1/32 dev {} mtu 1299",
         m.d2.ifname
     ));
     m.outer_rule("-m length --length 1359");
-    m.ns2.run("ping -c 1 -W 5 -s 1269 192.168.241.1 >/dev/null");
+    m.ns2
+        .run_ok("ping -c 1 -W 5 -s 1269 192.168.241.1 >/dev/null");
     // A bulk transfer at the new MTU arrives intact. Its segments are cut by the
     // kernel's TCP for the interface's MTU and split by us at the size the kernel's
     // virtio header names, so no MTU of ours is involved; their padding is, and the
     // pings above checked it. (An outer length rule cannot check it here: netfilter
     // sees a UDP GSO send as one datagram of its whole length.)
-    m.ns0.run("iptables -F INPUT");
+    m.ns0.run_ok("iptables -F INPUT");
     tcp_transfer(
         &m.ns1,
         &m.ns2,
@@ -273,8 +272,8 @@ fn padding_follows_the_mtu_of_a_moved_interface_and_its_routes() {
 #[test]
 fn unroutable_packets_get_destination_unreachable() {
     require_root();
-    let ns = Netns::new();
-    let d = Daemon::start(Impl::Wirelane, &ns);
+    let ns = Netns::fresh();
+    let d = Daemon::start(WIRELANE, &ns);
     let (own, peer) = (genkeys(), genkeys());
     let key = std::env::temp_dir().join(format!("{}.key", d.ifname));
     std::fs::write(&key, &own.private).unwrap();
@@ -284,18 +283,18 @@ fn unroutable_packets_get_destination_unreachable() {
         peer.public
     ));
     let _ = std::fs::remove_file(key);
-    ns.run(&format!(
+    ns.run_ok(&format!(
         "ip addr add 10.77.0.1/24 dev {0} && ip addr add fd77::1/64 dev {0} nodad && \
          ip link set {0} up",
         d.ifname
     ));
-    let v4 = ns.try_run("ping -c 3 -i 0.2 -W 5 10.77.0.99");
+    let v4 = ns.try_run_ok("ping -c 3 -i 0.2 -W 5 10.77.0.99");
     let out = String::from_utf8_lossy(&v4.stdout);
     assert!(
         out.contains("From 10.77.0.99 icmp_seq=1 Destination Host Unreachable"),
         "{out}"
     );
-    let v6 = ns.try_run("ping -6 -c 3 -i 0.2 -W 5 fd77::99");
+    let v6 = ns.try_run_ok("ping -6 -c 3 -i 0.2 -W 5 fd77::99");
     let out = String::from_utf8_lossy(&v6.stdout);
     assert!(
         out.contains("From fd77::99 icmp_seq=1 Destination unreachable: Address unreachable"),

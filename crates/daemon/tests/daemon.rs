@@ -1,13 +1,12 @@
 //! The daemon as an operator meets it: wg-quick up/down, background start, clean
 //! shutdown, 10,000 peers through `wg setconf`, and bad input of every kind.
 
-mod common;
-use common::*;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
 use std::process::Command;
 use std::time::{Duration, Instant};
+use wirelane_lab::testbed::*;
 
 fn wait_until(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
     let deadline = Instant::now() + timeout;
@@ -21,7 +20,7 @@ fn wait_until(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
 }
 
 fn link_exists(ns: &Netns, ifname: &str) -> bool {
-    ns.try_run(&format!("ip link show dev {ifname}"))
+    ns.try_run_ok(&format!("ip link show dev {ifname}"))
         .status
         .success()
 }
@@ -56,13 +55,13 @@ fn wg_quick_up_and_down() {
     )
     .unwrap();
     peer.wg(&format!("setconf IF {}", pconf.display()));
-    pair.b.run(&format!(
+    pair.b.run_ok(&format!(
         "ip addr add 10.78.0.2/24 dev {0} && ip link set {0} up",
         peer.ifname
     ));
 
     let bin = env!("CARGO_BIN_EXE_wirelane");
-    pair.a.run(&format!(
+    pair.a.run_ok(&format!(
         "WG_QUICK_USERSPACE_IMPLEMENTATION={bin} wg-quick up {}",
         conf.display()
     ));
@@ -75,10 +74,10 @@ fn wg_quick_up_and_down() {
         4 << 20,
         Duration::from_secs(30),
     );
-    let shown = pair.a.run(&format!("wg show {ifname}"));
+    let shown = pair.a.run_ok(&format!("wg show {ifname}"));
     assert!(shown.contains("latest handshake"), "{shown}");
 
-    pair.a.run(&format!("wg-quick down {}", conf.display()));
+    pair.a.run_ok(&format!("wg-quick down {}", conf.display()));
     // wg-quick deletes the interface; the daemon notices and removes its socket.
     wait_until(
         "daemon to exit after wg-quick down",
@@ -103,10 +102,10 @@ fn wg_quick_up_and_down() {
 #[test]
 fn background_start_and_socket_removal_stops_it() {
     require_root();
-    let ns = Netns::new();
+    let ns = Netns::fresh();
     let ifname = unique("wb");
     let bin = env!("CARGO_BIN_EXE_wirelane");
-    ns.run(&format!("{bin} {ifname}"));
+    ns.run_ok(&format!("{bin} {ifname}"));
     // When the launcher returns, interface and socket already exist.
     assert!(link_exists(&ns, &ifname));
     let sock = socket_path(&ifname);
@@ -123,8 +122,8 @@ fn background_start_and_socket_removal_stops_it() {
 #[test]
 fn sigterm_removes_socket_and_interface() {
     require_root();
-    let ns = Netns::new();
-    let mut d = Daemon::start(Impl::Wirelane, &ns);
+    let ns = Netns::fresh();
+    let mut d = Daemon::start(WIRELANE, &ns);
     d.wg("set IF listen-port 51820");
     let status = d
         .terminate(Duration::from_secs(10))
@@ -143,6 +142,8 @@ fn start_failures_are_reported() {
         (vec!["a/b"], "not a valid interface name"),
         (vec!["sixteen-chars-xx"], "not a valid interface name"),
         (vec!["--workers", "0", "x"], "--workers"),
+        (vec!["--workers", "1025", "x"], "--workers"),
+        (vec!["--workers", "many", "x"], "--workers"),
         (vec!["--model", "nope", "x"], "unknown execution model"),
         (vec!["--bogus", "x"], "--bogus"),
         (vec![], "IFNAME"),
@@ -153,8 +154,8 @@ fn start_failures_are_reported() {
         assert!(err.contains(needle), "{args:?}: {err}");
     }
     // A second daemon for a served interface fails with a clear message, in both modes.
-    let ns = Netns::new();
-    let d = Daemon::start(Impl::Wirelane, &ns);
+    let ns = Netns::fresh();
+    let d = Daemon::start(WIRELANE, &ns);
     let o = Command::new("ip")
         .args(["netns", "exec", &ns.name, bin, &d.ifname])
         .output()
@@ -187,8 +188,8 @@ fn uapi(ifname: &str, request: &str) -> String {
 #[test]
 fn bad_uapi_input_changes_nothing() {
     require_root();
-    let ns = Netns::new();
-    let d = Daemon::start(Impl::Wirelane, &ns);
+    let ns = Netns::fresh();
+    let d = Daemon::start(WIRELANE, &ns);
     let peer = genkeys();
     d.wg(&format!(
         "set IF listen-port 51820 peer {} allowed-ips 10.1.0.0/16",
@@ -232,7 +233,7 @@ fn bad_uapi_input_changes_nothing() {
     std::thread::sleep(Duration::from_millis(200));
     assert_eq!(uapi(&d.ifname, "get=1\n\n"), before);
     // A port already taken is reported as EADDRINUSE, and nothing else changes.
-    let blocker = Daemon::start(Impl::Wirelane, &ns);
+    let blocker = Daemon::start(WIRELANE, &ns);
     blocker.wg("set IF listen-port 51830");
     let reply = uapi(
         &d.ifname,
@@ -243,7 +244,7 @@ fn bad_uapi_input_changes_nothing() {
     // And wg reports errors for bad config files without touching the device.
     let path = std::env::temp_dir().join(format!("{}-bad.conf", d.ifname));
     std::fs::write(&path, "[Interface]\nListenPort = nope\n").unwrap();
-    let o = ns.try_run(&format!("wg setconf {} {}", d.ifname, path.display()));
+    let o = ns.try_run_ok(&format!("wg setconf {} {}", d.ifname, path.display()));
     assert!(!o.status.success());
     assert_eq!(uapi(&d.ifname, "get=1\n\n"), before);
     // Still fully alive.
@@ -262,8 +263,8 @@ fn rss_kib(pid: u32) -> u64 {
 #[test]
 fn sixty_five_thousand_peers_setconf() {
     require_root();
-    let ns = Netns::new();
-    let d = Daemon::start(Impl::Wirelane, &ns);
+    let ns = Netns::fresh();
+    let d = Daemon::start(WIRELANE, &ns);
     let n = 65_536;
     let path = std::env::temp_dir().join(format!("{}-64k.conf", d.ifname));
     std::fs::write(&path, wirelane_lab::peers::config(n, &genkeys().private)).unwrap();
@@ -354,8 +355,8 @@ fn normalised(conf: &str) -> Vec<String> {
 #[test]
 fn showconf_syncconf_and_every_setting_match_wireguard_go() {
     require_root();
-    let ns = Netns::new();
-    let ours = Daemon::start(Impl::Wirelane, &ns);
+    let ns = Netns::fresh();
+    let ours = Daemon::start(WIRELANE, &ns);
     let keys = [genkeys(), genkeys(), genkeys()];
     let psk = sh_ok("wg genpsk").trim().to_string();
     let shown = config_roundtrips(&ours, &keys, &psk);
@@ -383,7 +384,7 @@ fn showconf_syncconf_and_every_setting_match_wireguard_go() {
     assert_eq!(peers.len(), 1);
     assert_eq!(peers[0].allowed_ips, "10.5.1.0/24");
     // The reference implementation, driven the same way, ends in the same state.
-    let ns2 = Netns::new();
+    let ns2 = Netns::fresh();
     let reference = Daemon::start(Impl::WireguardGo, &ns2);
     let expected = config_roundtrips(&reference, &keys, &psk);
     for (got, want) in shown.iter().zip(&expected) {
@@ -406,8 +407,8 @@ fn cap_field(status: &str, field: &str) -> u64 {
 #[test]
 fn keeps_only_the_capabilities_it_needs() {
     require_root();
-    let ns = Netns::new();
-    let d = Daemon::start(Impl::Wirelane, &ns);
+    let ns = Netns::fresh();
+    let d = Daemon::start(WIRELANE, &ns);
     // What the kept capabilities are for still works after the drop: a fwmark needs
     // CAP_NET_ADMIN, a port below 1024 CAP_NET_BIND_SERVICE.
     d.wg("set IF fwmark 0x51 listen-port 853");

@@ -1,11 +1,11 @@
 //! Interoperability with real peers (wireguard-go, boringtun) and with wirelane itself,
 //! in network namespaces: both initiator roles, IPv4 and IPv6 as outer and inner
-//! addresses, verified bulk TCP both ways, and consistent `wg show` counters.
+//! addresses, verified bulk TCP both ways, and consistent `wg show` counters; every
+//! case under each of wirelane's execution models.
 
-mod common;
-use common::*;
 use std::net::IpAddr;
 use std::time::Duration;
+use wirelane_lab::testbed::*;
 
 const PORT_A: u16 = 51820;
 const PORT_B: u16 = 51821;
@@ -24,12 +24,13 @@ fn endpoint(addr: IpAddr, port: u16) -> String {
     }
 }
 
-/// Brings up wirelane in namespace A and `peer` in namespace B. Only the initiator
-/// side is told the other's endpoint, so it is the one that starts the handshake.
-fn tunnel(peer: Impl, outer_v6: bool, wirelane_initiates: bool) -> Tunnel {
+/// Brings up `ours` (a wirelane) in namespace A and `peer` in namespace B. Only the
+/// initiator side is told the other's endpoint, so it is the one that starts the
+/// handshake.
+fn tunnel(ours: Impl, peer: Impl, outer_v6: bool, wirelane_initiates: bool) -> Tunnel {
     require_root();
     let pair = Pair::new(outer_v6);
-    let a = Daemon::start(Impl::Wirelane, &pair.a);
+    let a = Daemon::start(ours, &pair.a);
     let b = Daemon::start(peer, &pair.b);
     let (ka, kb) = (genkeys(), genkeys());
     let dir = std::env::temp_dir();
@@ -72,7 +73,7 @@ fn tunnel(peer: Impl, outer_v6: bool, wirelane_initiates: bool) -> Tunnel {
         (&pair.a, &a, "10.77.0.1/24", "fd77::1/64"),
         (&pair.b, &b, "10.77.0.2/24", "fd77::2/64"),
     ] {
-        ns.run(&format!(
+        ns.run_ok(&format!(
             "ip addr add {v4} dev {i} && ip addr add {v6} dev {i} nodad && ip link set {i} up",
             i = d.ifname
         ));
@@ -136,57 +137,68 @@ fn check_traffic(t: &Tunnel, wirelane_initiates: bool) {
     }
 }
 
-fn interop(peer: Impl, wirelane_initiates: bool) {
-    for outer_v6 in [false, true] {
-        let t = tunnel(peer, outer_v6, wirelane_initiates);
-        check_traffic(&t, wirelane_initiates);
-        // The responder learnt the initiator's endpoint from the handshake.
-        let want = endpoint(
-            if wirelane_initiates {
-                t.pair.addr_a
-            } else {
-                t.pair.addr_b
-            },
-            if wirelane_initiates { PORT_A } else { PORT_B },
-        );
-        let learnt = if wirelane_initiates {
-            &t.b.dump_peers()[0]
-        } else {
-            &t.a.dump_peers()[0]
-        };
-        assert_eq!(learnt.endpoint, want);
+/// Every case against `peer`, under each model; `None` for wirelane under the same
+/// model on both ends.
+fn interop(peer: Option<Impl>, wirelane_initiates: bool) {
+    for ours in wirelane_models() {
+        for outer_v6 in [false, true] {
+            interop_one(ours, peer.unwrap_or(ours), outer_v6, wirelane_initiates);
+        }
     }
+}
+
+fn interop_one(ours: Impl, peer: Impl, outer_v6: bool, wirelane_initiates: bool) {
+    let t = tunnel(ours, peer, outer_v6, wirelane_initiates);
+    check_traffic(&t, wirelane_initiates);
+    // The responder learnt the initiator's endpoint from the handshake.
+    let (addr, port) = if wirelane_initiates {
+        (t.pair.addr_a, PORT_A)
+    } else {
+        (t.pair.addr_b, PORT_B)
+    };
+    let learnt = if wirelane_initiates {
+        &t.b.dump_peers()[0]
+    } else {
+        &t.a.dump_peers()[0]
+    };
+    assert_eq!(learnt.endpoint, endpoint(addr, port), "{ours} with {peer}");
 }
 
 #[test]
 fn wireguard_go_wirelane_initiates() {
-    interop(Impl::WireguardGo, true);
+    interop(Some(Impl::WireguardGo), true);
 }
 
 #[test]
 fn wireguard_go_peer_initiates() {
-    interop(Impl::WireguardGo, false);
+    interop(Some(Impl::WireguardGo), false);
 }
 
 #[test]
 fn boringtun_wirelane_initiates() {
-    interop(Impl::Boringtun, true);
+    interop(Some(Impl::Boringtun), true);
 }
 
 #[test]
 fn boringtun_peer_initiates() {
-    interop(Impl::Boringtun, false);
+    interop(Some(Impl::Boringtun), false);
 }
 
 #[test]
 fn wirelane_with_itself() {
-    interop(Impl::Wirelane, true);
+    interop(None, true);
 }
 
 /// One side changes both its address and its port; the other follows it, because the
-/// new source arrives on authenticated packets.
-fn roaming(peer: Impl) {
-    let t = tunnel(peer, false, false);
+/// new source arrives on authenticated packets. Under each model.
+fn roaming(peer: Option<Impl>) {
+    for ours in wirelane_models() {
+        roaming_one(ours, peer.unwrap_or(ours));
+    }
+}
+
+fn roaming_one(ours: Impl, peer: Impl) {
+    let t = tunnel(ours, peer, false, false);
     let v4a: IpAddr = "10.77.0.1".parse().unwrap();
     let v4b: IpAddr = "10.77.0.2".parse().unwrap();
     tcp_transfer(&t.pair.b, &t.pair.a, v4a, 1 << 20, Duration::from_secs(30));
@@ -196,7 +208,7 @@ fn roaming(peer: Impl) {
     );
     let veth = t.pair.veth_b();
     // Delete first: removing a primary IPv4 address also removes its secondaries.
-    t.pair.b.run(&format!(
+    t.pair.b.run_ok(&format!(
         "ip addr del 192.168.77.2/24 dev {veth} && ip addr add 192.168.77.3/24 dev {veth}"
     ));
     t.b.wg("set IF listen-port 51999");
@@ -208,19 +220,19 @@ fn roaming(peer: Impl) {
 
 #[test]
 fn roaming_with_wireguard_go() {
-    roaming(Impl::WireguardGo);
+    roaming(Some(Impl::WireguardGo));
 }
 
 #[test]
 fn roaming_with_wirelane() {
-    roaming(Impl::Wirelane);
+    roaming(None);
 }
 
 /// Cryptokey routing on receive: a packet whose inner source is not in the sending
 /// peer's AllowedIPs is dropped, even though it authenticated.
 #[test]
 fn inner_source_must_be_allowed() {
-    let t = tunnel(Impl::WireguardGo, false, true);
+    let t = tunnel(WIRELANE, Impl::WireguardGo, false, true);
     // B may send to A's whole /24, and owns a second address A does not allow for it.
     t.b.wg(&format!(
         "set IF peer {} allowed-ips 10.77.0.0/24",
@@ -228,7 +240,7 @@ fn inner_source_must_be_allowed() {
     ));
     t.pair
         .b
-        .run(&format!("ip addr add 10.77.0.99/24 dev {}", t.b.ifname));
+        .run_ok(&format!("ip addr add 10.77.0.99/24 dev {}", t.b.ifname));
     tcp_transfer(
         &t.pair.a,
         &t.pair.b,
@@ -237,11 +249,14 @@ fn inner_source_must_be_allowed() {
         Duration::from_secs(30),
     );
     // From the allowed address: works. From 10.77.0.99: A drops it.
-    let spoofed = t.pair.b.try_run("ping -c 2 -W 1 -I 10.77.0.99 10.77.0.1");
+    let spoofed = t
+        .pair
+        .b
+        .try_run_ok("ping -c 2 -W 1 -I 10.77.0.99 10.77.0.1");
     assert!(
         !spoofed.status.success(),
         "reply to a disallowed inner source"
     );
-    let allowed = t.pair.b.try_run("ping -c 2 -W 1 -I 10.77.0.2 10.77.0.1");
+    let allowed = t.pair.b.try_run_ok("ping -c 2 -W 1 -I 10.77.0.2 10.77.0.1");
     assert!(allowed.status.success(), "{allowed:?}");
 }

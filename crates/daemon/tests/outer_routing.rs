@@ -8,8 +8,7 @@
 //! Topology: two namespaces, each with a wirelane tunnel (192.168.241.1 and .2) and
 //! one end of a veth pair whose addresses each test sets.
 
-mod common;
-use common::*;
+use wirelane_lab::testbed::*;
 
 struct Rig {
     ns1: Netns,
@@ -25,11 +24,8 @@ struct Rig {
 impl Rig {
     fn new() -> Rig {
         require_root();
-        let (ns1, ns2) = (Netns::new(), Netns::new());
-        let (d1, d2) = (
-            Daemon::start(Impl::Wirelane, &ns1),
-            Daemon::start(Impl::Wirelane, &ns2),
-        );
+        let (ns1, ns2) = (Netns::fresh(), Netns::fresh());
+        let (d1, d2) = (Daemon::start(WIRELANE, &ns1), Daemon::start(WIRELANE, &ns2));
         let (k1, k2) = (genkeys(), genkeys());
         let (veth1, veth2) = (unique("vs"), unique("vs"));
         sh_ok(&format!(
@@ -48,17 +44,17 @@ impl Rig {
                 3 - addr
             ));
             let _ = std::fs::remove_file(key);
-            ns.run(&format!(
+            ns.run_ok(&format!(
                 "ip addr add 192.168.241.{addr}/24 dev {0} && ip link set {0} up && \
                  sysctl -qw net.ipv6.conf.all.accept_dad=0 net.ipv6.conf.default.accept_dad=0",
                 d.ifname
             ));
         }
-        ns1.run(&format!(
+        ns1.run_ok(&format!(
             "sysctl -qw net.ipv4.conf.{veth1}.promote_secondaries=1 \
              net.ipv6.conf.{veth1}.accept_dad=0"
         ));
-        ns2.run(&format!("sysctl -qw net.ipv6.conf.{veth2}.accept_dad=0"));
+        ns2.run_ok(&format!("sysctl -qw net.ipv6.conf.{veth2}.accept_dad=0"));
         Rig {
             ns1,
             ns2,
@@ -73,7 +69,7 @@ impl Rig {
 
     /// One ping through the tunnel; the first also runs the handshake.
     fn ping(ns: &Netns, to: &str) {
-        ns.run(&format!("ping -W 5 -c 1 {to} >/dev/null"));
+        ns.run_ok(&format!("ping -W 5 -c 1 {to} >/dev/null"));
     }
 
     /// `wg show IF endpoints` of the daemon, as "KEY\tENDPOINT".
@@ -103,9 +99,9 @@ impl Rig {
             (&self.ns2, &self.veth2, addrs2),
         ] {
             for a in addrs {
-                ns.run(&format!("ip addr add {a} dev {dev} nodad"));
+                ns.run_ok(&format!("ip addr add {a} dev {dev} nodad"));
             }
-            ns.run(&format!("ip link set {dev} up"));
+            ns.run_ok(&format!("ip link set {dev} up"));
         }
     }
 }
@@ -125,7 +121,7 @@ fn falls_over_to_new_source_addresses() {
     ] {
         r.d1.wg(&format!("set IF peer {} endpoint {endpoint}", r.k2.public));
         Rig::ping(&r.ns1, "192.168.241.2");
-        r.ns1.run(&format!(
+        r.ns1.run_ok(&format!(
             "ip addr add {new} dev {0} nodad && ip addr del {old} dev {0}",
             r.veth1
         ));
@@ -176,12 +172,12 @@ fn inbound_destination_on_another_interface() {
     r.veth_up(&["10.0.0.1/24"], &["10.0.0.3/24"]);
     // A veth pair inside ns1 stands in for a dummy interface (no module here).
     let (other, other_peer) = (unique("vo"), unique("vo"));
-    r.ns1.run(&format!(
+    r.ns1.run_ok(&format!(
         "ip link add {other} type veth peer name {other_peer} && \
          ip addr add 10.50.0.1/24 dev {other} && ip link set {other} up"
     ));
     r.ns2
-        .run(&format!("ip route add 10.50.0.0/24 dev {}", r.veth2));
+        .run_ok(&format!("ip route add 10.50.0.0/24 dev {}", r.veth2));
     r.d2.wg(&format!("set IF peer {} endpoint 10.50.0.1:1", r.k1.public));
     Rig::ping(&r.ns2, "192.168.241.1");
     assert_eq!(
@@ -201,11 +197,11 @@ fn a_new_preferred_route_takes_over() {
         r.ns1.name, r.ns2.name
     ));
     r.veth_up(&["10.0.0.1/24"], &["10.0.0.2/24"]);
-    r.ns1.run(&format!(
+    r.ns1.run_ok(&format!(
         "ip addr add 10.0.0.3/24 dev {veth3} && ip link set {veth3} up"
     ));
-    r.ns2.run(&format!("ip link set {veth4} up"));
-    r.ns1.run(&format!(
+    r.ns2.run_ok(&format!("ip link set {veth4} up"));
+    r.ns1.run_ok(&format!(
         "ip route flush dev {0} && ip route flush dev {veth3} && \
          ip route add 10.0.0.0/24 dev {0} src 10.0.0.1 metric 2",
         r.veth1
@@ -213,12 +209,12 @@ fn a_new_preferred_route_takes_over() {
     r.d1.wg(&format!("set IF peer {} endpoint 10.0.0.2:2", r.k2.public));
     Rig::ping(&r.ns1, "192.168.241.2");
     assert_eq!(Rig::endpoint(&r.d2), format!("{}\t10.0.0.1:1", r.k1.public));
-    r.ns1.run(&format!(
+    r.ns1.run_ok(&format!(
         "ip route add 10.0.0.0/24 dev {veth3} src 10.0.0.3 metric 1 && \
          sysctl -qw net.ipv4.conf.{0}.rp_filter=0 net.ipv4.conf.all.rp_filter=0",
         r.veth1
     ));
-    r.ns2.run(&format!(
+    r.ns2.run_ok(&format!(
         "sysctl -qw net.ipv4.conf.{veth4}.rp_filter=0 net.ipv4.conf.all.rp_filter=0"
     ));
     Rig::ping_until_endpoint(&r.ns1, "192.168.241.2", &r.d2, "10.0.0.3:1");
@@ -244,7 +240,7 @@ fn a_routing_loop_through_the_tunnel_stays_bounded() {
         t.split_whitespace().nth(2).unwrap().parse().unwrap()
     };
     let before = tx(&r.d1);
-    let o = r.ns1.try_run("ping -W 1 -c 10 -f 192.168.241.2");
+    let o = r.ns1.try_run_ok("ping -W 1 -c 10 -f 192.168.241.2");
     assert!(!o.status.success(), "the peer cannot be reached any more");
     std::thread::sleep(std::time::Duration::from_secs(1));
     let sent = tx(&r.d1) - before;

@@ -241,35 +241,55 @@ impl Impl {
     }
 }
 
-/// A running tunnel end.
+/// A running tunnel end: a daemon started in the foreground as the lab's child (or a
+/// kernel interface), stopped and reaped when the guard drops. Its standard error goes
+/// to a log file, removed with it.
 pub struct Daemon {
     child: Option<Child>,
     pub pid: Option<u32>,
     pub ifname: String,
     pub which: Impl,
+    /// The namespace it was started in (where its UDP sockets live).
+    pub ns: String,
+    log: PathBuf,
+}
+
+impl Daemon {
+    /// Sends SIGTERM and waits up to `timeout` for the exit, then kills; the exit
+    /// status if it exited on its own.
+    pub fn terminate(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let mut c = self.child.take()?;
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Ok(Some(st)) = c.try_wait() {
+                return Some(st);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = c.kill();
+        let _ = c.wait();
+        None
+    }
+
+    /// What the daemon wrote to its standard error so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
 }
 
 impl Drop for Daemon {
     fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            // SAFETY: signalling our own child.
-            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
-            let deadline = Instant::now() + Duration::from_secs(3);
-            while Instant::now() < deadline {
-                if let Ok(Some(_)) = c.try_wait() {
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        self.terminate(Duration::from_secs(3));
         let _ = std::fs::remove_file(format!("/var/run/wireguard/{}.sock", self.ifname));
+        let _ = std::fs::remove_file(&self.log);
     }
 }
 
 pub fn start(which: Impl, ns: &Netns) -> Result<Daemon> {
     let ifname = unique("lw");
+    let log = std::env::temp_dir().join(format!("{ifname}.log"));
     if which == Impl::Kernel {
         ns.run(&format!("ip link add {ifname} type wireguard"))?;
         return Ok(Daemon {
@@ -277,6 +297,8 @@ pub fn start(which: Impl, ns: &Netns) -> Result<Daemon> {
             pid: None,
             ifname,
             which,
+            ns: ns.name.clone(),
+            log,
         });
     }
     let mut cmd = ns.command(which.program()?.to_str().ok_or("non-UTF-8 path")?);
@@ -293,19 +315,23 @@ pub fn start(which: Impl, ns: &Netns) -> Result<Daemon> {
         .env("LOG_LEVEL", "error")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(std::fs::File::create(&log)?)
         .spawn()?;
     let mut d = Daemon {
         pid: Some(child.id()),
         child: Some(child),
         ifname,
         which,
+        ns: ns.name.clone(),
+        log,
     };
     let sock = format!("/var/run/wireguard/{}.sock", d.ifname);
     let deadline = Instant::now() + Duration::from_secs(10);
     while !std::path::Path::new(&sock).exists() {
         if let Some(st) = d.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
-            return Err(format!("{} exited during start-up: {st}", which.name()).into());
+            return Err(
+                format!("{} exited during start-up: {st}: {}", which.name(), d.log()).into(),
+            );
         }
         if Instant::now() > deadline {
             return Err(format!("{} did not create its UAPI socket", which.name()).into());

@@ -23,6 +23,7 @@ pub mod run;
 pub mod signatures;
 pub mod stats;
 pub mod summary;
+pub mod testbed;
 pub mod topology;
 pub mod uapi;
 pub mod workload;

@@ -55,6 +55,15 @@ impl Netns {
         ))
     }
 
+    /// Runs a shell command inside the namespace, whatever its outcome.
+    pub fn try_run(&self, cmd: &str) -> Result<Output> {
+        sh_output(&format!(
+            "ip netns exec {} sh -c '{}'",
+            self.name,
+            cmd.replace('\'', "'\\''")
+        ))
+    }
+
     /// A command that will run inside the namespace.
     pub fn command(&self, program: &str) -> Command {
         let mut c = Command::new("ip");

@@ -75,18 +75,20 @@ const PORT_B: u16 = 51821;
 const RELAY_A: u16 = 40000;
 const RELAY_B: u16 = 40001;
 
-fn veth(a: &Netns, a_addr: &str, b: &Netns, b_addr: &str) -> Result<()> {
+/// Joins namespaces `a` and `b` with a new veth pair and gives each end its address
+/// (with prefix length). Duplicate address detection is off for IPv6 ends.
+pub fn veth(a: &Netns, a_addr: &str, b: &Netns, b_addr: &str) -> Result<()> {
     let (va, vb) = (unique("lv"), unique("lv"));
     crate::netns::sh(&format!(
         "ip link add {va} netns {} type veth peer name {vb} netns {}",
         a.name, b.name
     ))?;
-    a.run(&format!(
-        "ip addr add {a_addr} dev {va} && ip link set {va} up"
-    ))?;
-    b.run(&format!(
-        "ip addr add {b_addr} dev {vb} && ip link set {vb} up"
-    ))?;
+    for (ns, addr, dev) in [(a, a_addr, &va), (b, b_addr, &vb)] {
+        let nodad = if addr.contains(':') { " nodad" } else { "" };
+        ns.run(&format!(
+            "ip addr add {addr} dev {dev}{nodad} && ip link set {dev} up"
+        ))?;
+    }
     Ok(())
 }
 

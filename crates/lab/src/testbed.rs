@@ -1,29 +1,23 @@
-//! Helpers for the network-namespace integration tests (run as root).
+//! The namespace testbed as the tests use it: the lab's own namespaces, veth pairs and
+//! daemon starter, with panicking helpers (a failed step is a failed test), shared
+//! keys and a verified TCP transfer. The daemon's integration tests and the lab's use
+//! this one testbed.
 //!
-//! Safety rules these helpers enforce: every namespace and interface name is unique
-//! per test process, every namespace is deleted on drop (also when a test panics),
-//! every daemon is a child that is terminated and reaped on drop, and traffic only goes
-//! to addresses inside the namespaces made here. Every transfer is bounded in size and
-//! time.
+//! Safety rules it keeps: every namespace and interface name is unique per process and
+//! call, every namespace is deleted on drop (also when a test panics), every daemon is
+//! a child that is terminated and reaped on drop, and traffic goes only to addresses
+//! inside the namespaces made here. Every transfer is bounded in size and time.
 
-#![allow(dead_code)]
-
-use std::fs::File;
+pub use crate::impls::{find_tool, Daemon, Flavor, Impl, WIRELANE};
+pub use crate::netns::{unique, Netns};
 use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
-use std::os::fd::AsRawFd;
 use std::path::PathBuf;
-use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
+use wirelane_dataplane::exec::Model;
 
 static COUNTER: AtomicU32 = AtomicU32::new(0);
-
-/// A short name unique to this process and call: `<prefix><pid%100000>x<n>`.
-pub fn unique(prefix: &str) -> String {
-    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    format!("{prefix}{}x{n}", std::process::id() % 100_000)
-}
 
 pub fn require_root() {
     // SAFETY: geteuid has no preconditions.
@@ -34,82 +28,50 @@ pub fn require_root() {
     );
 }
 
-/// Finds a tool on PATH (plus the usual per-user install directories).
+/// Finds a tool (see `find_tool`), or fails the test saying how to install it.
 pub fn tool(name: &str) -> PathBuf {
-    wirelane_lab::impls::find_tool(name)
+    find_tool(name)
         .unwrap_or_else(|| panic!("'{name}' is not installed: run scripts/install-deps.sh"))
 }
 
-pub fn sh(cmd: &str) -> Output {
-    Command::new("sh")
-        .arg("-c")
-        .arg(cmd)
-        .output()
-        .expect("run sh")
-}
-
+/// Runs `sh -c cmd` and returns its output; fails the test if it fails.
 pub fn sh_ok(cmd: &str) -> String {
-    let o = sh(cmd);
-    assert!(
-        o.status.success(),
-        "command failed: {cmd}\nstdout: {}\nstderr: {}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8_lossy(&o.stdout).into_owned()
+    crate::netns::sh(cmd).unwrap_or_else(|e| panic!("{e}"))
 }
 
-/// A network namespace, deleted on drop.
-pub struct Netns {
-    pub name: String,
+/// wirelane under each execution model, for tests that must hold under every one.
+pub fn wirelane_models() -> [Impl; 3] {
+    Model::ALL.map(|m| {
+        Impl::Wirelane(Flavor {
+            build: None,
+            model: Some(m),
+        })
+    })
+}
+
+pub fn socket_path(ifname: &str) -> PathBuf {
+    PathBuf::from(format!("/var/run/wireguard/{ifname}.sock"))
+}
+
+/// Moves the calling thread into the namespace `name`; fails the test if it cannot.
+pub fn enter_ns(name: &str) {
+    crate::netns::enter(name).unwrap_or_else(|e| panic!("{e}"));
 }
 
 impl Netns {
-    pub fn new() -> Netns {
-        let name = unique("wlt");
-        sh_ok(&format!(
-            "ip netns add {name} && ip -n {name} link set lo up"
-        ));
-        Netns { name }
+    /// A new namespace for a test.
+    pub fn fresh() -> Netns {
+        Netns::new("wlt").unwrap_or_else(|e| panic!("{e}"))
     }
 
-    /// Runs a shell command inside the namespace; panics on failure.
-    pub fn run(&self, cmd: &str) -> String {
-        sh_ok(&format!(
-            "ip netns exec {} sh -c '{}'",
-            self.name,
-            cmd.replace('\'', "'\\''")
-        ))
+    /// Runs a shell command inside the namespace; fails the test if it fails.
+    pub fn run_ok(&self, cmd: &str) -> String {
+        self.run(cmd).unwrap_or_else(|e| panic!("{e}"))
     }
 
-    pub fn try_run(&self, cmd: &str) -> Output {
-        sh(&format!(
-            "ip netns exec {} sh -c '{}'",
-            self.name,
-            cmd.replace('\'', "'\\''")
-        ))
-    }
-
-    /// Moves the calling thread into this namespace (network only).
-    pub fn enter(&self) {
-        enter_ns(&self.name);
-    }
-}
-
-/// Moves the calling thread into the network namespace `name`.
-pub fn enter_ns(name: &str) {
-    let f = File::open(format!("/var/run/netns/{name}")).expect("netns handle");
-    // SAFETY: setns on a valid namespace fd affects only the calling thread.
-    let r = unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) };
-    assert_eq!(r, 0, "setns failed: {}", std::io::Error::last_os_error());
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = sh(&format!(
-            "ip netns pids {0} | xargs -r kill -9; ip netns del {0}",
-            self.name
-        ));
+    /// Runs a shell command inside the namespace, whatever its outcome.
+    pub fn try_run_ok(&self, cmd: &str) -> std::process::Output {
+        self.try_run(cmd).unwrap_or_else(|e| panic!("{e}"))
     }
 }
 
@@ -123,12 +85,7 @@ pub struct Pair {
 
 impl Pair {
     pub fn new(outer_v6: bool) -> Pair {
-        let (a, b) = (Netns::new(), Netns::new());
-        let (va, vb) = (unique("va"), unique("vb"));
-        sh_ok(&format!(
-            "ip link add {va} netns {} type veth peer name {vb} netns {}",
-            a.name, b.name
-        ));
+        let (a, b) = (Netns::fresh(), Netns::fresh());
         let (addr_a, addr_b, plen): (IpAddr, IpAddr, u8) = if outer_v6 {
             (
                 "fd00:77::1".parse().unwrap(),
@@ -142,12 +99,13 @@ impl Pair {
                 24,
             )
         };
-        for (ns, dev, addr) in [(&a, &va, addr_a), (&b, &vb, addr_b)] {
-            sh_ok(&format!(
-                "ip -n {n} addr add {addr}/{plen} dev {dev} nodad 2>/dev/null || ip -n {n} addr add {addr}/{plen} dev {dev}; ip -n {n} link set {dev} up",
-                n = ns.name
-            ));
-        }
+        crate::topology::veth(
+            &a,
+            &format!("{addr_a}/{plen}"),
+            &b,
+            &format!("{addr_b}/{plen}"),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
         Pair {
             a,
             b,
@@ -156,133 +114,33 @@ impl Pair {
         }
     }
 
+    /// The name of host B's end of the veth pair.
     pub fn veth_b(&self) -> String {
         self.b
-            .run("ip -o link show type veth | cut -d: -f2 | cut -d@ -f1")
+            .run_ok("ip -o link show type veth | cut -d: -f2 | cut -d@ -f1")
             .trim()
             .to_string()
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Impl {
-    Wirelane,
-    WireguardGo,
-    Boringtun,
-}
-
-impl Impl {
-    pub fn command(self, ifname: &str) -> Vec<String> {
-        match self {
-            Impl::Wirelane => vec![
-                env!("CARGO_BIN_EXE_wirelane").into(),
-                "-f".into(),
-                ifname.into(),
-            ],
-            Impl::WireguardGo => vec![
-                tool("wireguard-go").display().to_string(),
-                "-f".into(),
-                ifname.into(),
-            ],
-            Impl::Boringtun => vec![
-                tool("boringtun-cli").display().to_string(),
-                "-f".into(),
-                "--disable-drop-privileges".into(),
-                ifname.into(),
-            ],
-        }
-    }
-}
-
-pub fn socket_path(ifname: &str) -> PathBuf {
-    PathBuf::from(format!("/var/run/wireguard/{ifname}.sock"))
-}
-
-/// A daemon running in a namespace in the foreground; terminated and reaped on drop.
-pub struct Daemon {
-    pub child: Option<Child>,
-    pub ifname: String,
-    pub ns: String,
-    pub which: Impl,
-}
-
 impl Daemon {
+    /// Starts `which` in the foreground in `ns`; fails the test if it cannot.
     pub fn start(which: Impl, ns: &Netns) -> Daemon {
-        let ifname = unique("wg");
-        let cmd = which.command(&ifname);
-        let log = File::create(std::env::temp_dir().join(format!("{ifname}.log"))).unwrap();
-        let child = Command::new("ip")
-            .args(["netns", "exec", &ns.name])
-            .args(&cmd)
-            .env("WG_PROCESS_FOREGROUND", "1")
-            .env("LOG_LEVEL", "error")
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .expect("spawn daemon");
-        let mut d = Daemon {
-            child: Some(child),
-            ifname,
-            ns: ns.name.clone(),
-            which,
-        };
-        d.wait_ready();
-        d
-    }
-
-    fn wait_ready(&mut self) {
-        let deadline = Instant::now() + Duration::from_secs(15);
-        while Instant::now() < deadline {
-            if socket_path(&self.ifname).exists() {
-                return;
-            }
-            if let Some(st) = self.child.as_mut().unwrap().try_wait().unwrap() {
-                panic!(
-                    "{:?} exited during start-up: {st}; log: {}",
-                    self.which,
-                    self.log()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        panic!("{:?} did not create its UAPI socket in time", self.which);
-    }
-
-    pub fn log(&self) -> String {
-        std::fs::read_to_string(std::env::temp_dir().join(format!("{}.log", self.ifname)))
-            .unwrap_or_default()
+        crate::impls::start(which, ns).unwrap_or_else(|e| panic!("{e}"))
     }
 
     pub fn pid(&self) -> u32 {
-        self.child.as_ref().unwrap().id()
+        self.pid.expect("a daemon process")
     }
 
-    /// Runs `wg ARGS` against this daemon's interface.
+    /// Runs `wg ARGS` against this daemon's interface, in its namespace; `IF` (as a
+    /// whole word: a base64 key may contain the letters) stands for the interface.
     pub fn wg(&self, args: &str) -> String {
-        // Only a whole word is the placeholder: a base64 key may contain "IF".
         let args: Vec<&str> = args
             .split(' ')
             .map(|w| if w == "IF" { self.ifname.as_str() } else { w })
             .collect();
         sh_ok(&format!("ip netns exec {} wg {}", self.ns, args.join(" ")))
-    }
-
-    /// Sends SIGTERM and waits up to `timeout` for exit; returns whether it exited.
-    pub fn terminate(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
-        let mut child = self.child.take()?;
-        // SAFETY: signalling our own child process.
-        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-        let deadline = Instant::now() + timeout;
-        while Instant::now() < deadline {
-            if let Ok(Some(st)) = child.try_wait() {
-                return Some(st);
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = child.kill();
-        let _ = child.wait();
-        None
     }
 
     /// Peer lines of `wg show IF dump`.
@@ -302,15 +160,6 @@ impl Daemon {
                 }
             })
             .collect()
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        self.terminate(Duration::from_secs(5));
-        if self.which != Impl::Wirelane {
-            let _ = std::fs::remove_file(socket_path(&self.ifname));
-        }
     }
 }
 
