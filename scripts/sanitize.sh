@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # Checks the code Rust cannot check at compile time:
+# - loom model-checks the hand-off from a completed crypt item to a peer's serial stage,
+#   as each execution model performs it (every interleaving up to three preemptions);
 # - Miri runs the ordered queue's tests (its scheduling protocol is the one piece of
 #   lock-free coordination in the pipeline) over many seeds, which checks every access
 #   for data races and undefined behaviour across thread interleavings;
@@ -14,6 +16,10 @@ if ! rustup toolchain list | grep -q '^nightly'; then
     rustup toolchain install nightly --profile minimal
 fi
 rustup component add --toolchain nightly miri rust-src >/dev/null
+
+echo "== loom: the serial-stage hand-off of each execution model"
+RUSTFLAGS="--cfg loom" cargo test --release --target-dir target/loom -p wirelane-dataplane \
+    --lib queue::loom_tests
 
 echo "== Miri: ordered queue, 16 seeds"
 MIRIFLAGS="-Zmiri-many-seeds=0..16" cargo +nightly miri test -p wirelane-dataplane --lib queue::

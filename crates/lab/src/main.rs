@@ -82,6 +82,29 @@ enum Cmd {
         #[arg(long, default_value_t = 3)]
         repeats: usize,
     },
+    /// The scheduling stress run, longer than the test's: each model with few workers,
+    /// many peers and traffic both ways through the real runtime over in-memory ports,
+    /// with random yields and sleeps; fails on any stall, loss or misdelivery, and
+    /// reports how long the slowest round took to drain once its packets were in.
+    Wakeup {
+        /// Models to run (comma-separated).
+        #[arg(
+            long,
+            value_delimiter = ',',
+            default_value = "workqueue,threaded,softirq"
+        )]
+        models: Vec<String>,
+        #[arg(long, default_value_t = 2)]
+        workers: usize,
+        #[arg(long, default_value_t = 64)]
+        peers: usize,
+        #[arg(long, default_value_t = 1000)]
+        rounds: usize,
+        /// Packets each way per peer per round (at most 512: the per-peer queues hold
+        /// 1,024).
+        #[arg(long, default_value_t = 64)]
+        per_round: usize,
+    },
     /// Capture real traffic (outer datagrams at the relay, inner packets with their
     /// virtio-net header at the tunnel interface) as seed inputs for the fuzz targets.
     Capture {
@@ -449,6 +472,46 @@ fn crosscheck(which: &str, secs: f64, repeats: usize) -> Result<()> {
     Ok(())
 }
 
+fn wakeup(
+    models: &[String],
+    workers: usize,
+    peers: usize,
+    rounds: usize,
+    per_round: usize,
+) -> Result<()> {
+    use wirelane_dataplane::memory::stress::{run, Stress};
+    if !(1..=64).contains(&workers)
+        || !(1..=4096).contains(&peers)
+        || !(1..=1_000_000).contains(&rounds)
+        || !(1..=512).contains(&per_round)
+    {
+        return Err(
+            "--workers 1..=64, --peers 1..=4096, --rounds 1..=1000000, --per-round 1..=512".into(),
+        );
+    }
+    for m in models {
+        let model = m.parse()?;
+        let started = std::time::Instant::now();
+        let o = run(Stress {
+            model,
+            workers,
+            peers,
+            rounds,
+            per_round,
+            stall: std::time::Duration::from_secs(10),
+        })?;
+        println!(
+            "{model}: {} packets in {:.1} s, no stall; slowest round drained {:.1} ms after its \
+             last packet went in; {} serial invocations at the gateway",
+            o.packets,
+            started.elapsed().as_secs_f64(),
+            o.slowest_drain.as_secs_f64() * 1e3,
+            o.invocations
+        );
+    }
+    Ok(())
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     install_signal_handlers();
@@ -483,6 +546,13 @@ fn main() -> ExitCode {
             seconds,
             repeats,
         } => crosscheck(implementation, *seconds, *repeats),
+        Cmd::Wakeup {
+            models,
+            workers,
+            peers,
+            rounds,
+            per_round,
+        } => wakeup(models, *workers, *peers, *rounds, *per_round),
         Cmd::Capture {
             out,
             vectors,

@@ -9,6 +9,7 @@
 //! read leaves the queue empty.
 
 pub mod rig;
+pub mod stress;
 
 use crate::ports::{TunPort, UdpPort};
 use std::collections::{HashMap, VecDeque};

@@ -1,0 +1,130 @@
+//! The scheduling stress run: a model with few workers, many peers and traffic both
+//! ways through the real runtime over in-memory ports, with yields and short sleeps
+//! injected at random into the ports (so serial stages are delayed while crypt work
+//! completes, and the reverse), round after round. A lost wake-up (a serial stage that
+//! stopped at an undone head and was never run again) leaves packets queued for good:
+//! the watchdog reports a stall when nothing moves for `stall` while packets are
+//! outstanding. The test (`tests/wakeup.rs`) and `wirelane-lab wakeup` both run it.
+
+use super::rig::Rig;
+use super::Hook;
+use crate::exec::Model;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// What to run.
+#[derive(Debug, Clone, Copy)]
+pub struct Stress {
+    pub model: Model,
+    pub workers: usize,
+    pub peers: usize,
+    pub rounds: usize,
+    /// Packets each way per peer per round.
+    pub per_round: usize,
+    /// How long nothing may move before it counts as a stall.
+    pub stall: Duration,
+}
+
+/// What happened.
+#[derive(Debug, Clone, Copy)]
+pub struct Outcome {
+    pub packets: u64,
+    /// Serial-stage invocations at the gateway.
+    pub invocations: u64,
+    /// The longest a round took to drain after its last packet was handed in.
+    pub slowest_drain: Duration,
+}
+
+/// Yields on one packet in 16 and sleeps 100 µs on one in 1,024.
+pub fn chaos() -> Hook {
+    Arc::new(|| {
+        thread_local! {
+            static STATE: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+        }
+        let r = STATE.with(|s| {
+            // Seeded per thread by the state's address, so threads draw differently.
+            let mut x = match s.get() {
+                0 => s as *const _ as u64 | 1,
+                x => x,
+            };
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            s.set(x);
+            x
+        });
+        if r.is_multiple_of(1024) {
+            std::thread::sleep(Duration::from_micros(100));
+        } else if r.is_multiple_of(16) {
+            std::thread::yield_now();
+        }
+    })
+}
+
+/// Waits until the rig has delivered `want` packets; Err on a stall or a wrong packet.
+fn wait_for(rig: &Rig, want: u64, stall: Duration, what: &str) -> Result<(), String> {
+    let mut last = (rig.delivered().0, Instant::now());
+    loop {
+        let (got, wrong) = rig.delivered();
+        if wrong > 0 {
+            return Err(format!("{what}: {wrong} packets misdelivered"));
+        }
+        if got == want {
+            return Ok(());
+        }
+        if got > want {
+            return Err(format!(
+                "{what}: {got} delivered, more than the {want} sent"
+            ));
+        }
+        if got != last.0 {
+            last = (got, Instant::now());
+        } else if last.1.elapsed() > stall {
+            return Err(format!(
+                "{what}: stalled at {got} of {want} packets, {} still queued",
+                rig.queued()
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+pub fn run(s: Stress) -> Result<Outcome, String> {
+    let rig = Rig::new(s.model, s.workers, s.peers, Some(chaos())).map_err(|e| e.to_string())?;
+    let gw = rig.gateway.inner;
+    // Sessions first, client-initiated: when both ends of a tunnel initiate at once,
+    // each overwrites its own handshake with the other's (as in every WireGuard), and
+    // the retry 5 s later settles it; rounds should measure the pipeline, not that.
+    for c in &rig.clients {
+        c.send(gw, 1, 100);
+    }
+    let mut want = s.peers as u64;
+    wait_for(&rig, want, s.stall, "handshakes")?;
+    let mut slowest = Duration::ZERO;
+    for round in 0..s.rounds {
+        // Small and full-size packets alternate between rounds.
+        let len = if round % 2 == 0 { 200 } else { 1400 };
+        for c in &rig.clients {
+            c.send(gw, s.per_round, len);
+            rig.gateway.send(c.inner, s.per_round, len);
+        }
+        want += (2 * s.peers * s.per_round) as u64;
+        let handed = Instant::now();
+        wait_for(&rig, want, s.stall, &format!("{}, round {round}", s.model))?;
+        slowest = slowest.max(handed.elapsed());
+    }
+    if rig.queued() != 0 {
+        return Err(format!("{}: {} packets left queued", s.model, rig.queued()));
+    }
+    let invocations = rig
+        .gateway
+        .iface
+        .stats
+        .serial_invocations
+        .load(std::sync::atomic::Ordering::Relaxed);
+    Ok(Outcome {
+        packets: want,
+        invocations,
+        slowest_drain: slowest,
+    })
+}
