@@ -4,5 +4,25 @@
 
 pub mod daemonize;
 pub mod listener;
+pub mod pool;
 pub mod privileges;
+pub mod supervisor;
 pub mod uapi;
+
+/// Checks an interface name: 1 to 15 printable characters, no '/' or ':', not `.`
+/// or `..` (what the kernel accepts, less what a file name cannot hold).
+pub fn parse_ifname(s: &str) -> Result<String, String> {
+    let ok = !s.is_empty()
+        && s.len() < 16
+        && s != "."
+        && s != ".."
+        && s.bytes()
+            .all(|b| b.is_ascii_graphic() && b != b'/' && b != b':');
+    if ok {
+        Ok(s.to_string())
+    } else {
+        Err(format!(
+            "'{s}' is not a valid interface name (1-15 printable characters, no '/' or ':')"
+        ))
+    }
+}

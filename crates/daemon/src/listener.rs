@@ -1,6 +1,7 @@
-//! The UAPI socket at /var/run/wireguard/IFNAME.sock: created mode 0600, served by one
-//! accept thread that hands each connection to a short-lived thread of its own, and
-//! watched with inotify so that deleting it shuts the daemon down (as wireguard-go does).
+//! The UAPI socket at /var/run/wireguard/IFNAME.sock: created mode 0600, accepted on
+//! by the daemon's main loop (`supervisor`), which hands each connection to a
+//! short-lived thread of its own, and watched with inotify so that deleting it stops
+//! the interface (as wireguard-go does).
 
 use crate::uapi;
 use std::io;
@@ -10,14 +11,12 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use wirelane_dataplane::{Interface, Runtime};
-use wirelane_io::poll::{wait_readable, Ready};
 
 pub const SOCKET_DIR: &str = "/var/run/wireguard";
-/// Connections served at once; more wait in the listen backlog.
-const MAX_CLIENTS: usize = 16;
+/// Connections served at once, over every interface.
+const MAX_CLIENTS: usize = 64;
 
 pub struct UapiListener {
     listener: UnixListener,
@@ -114,12 +113,24 @@ impl UapiListener {
         std::fs::symlink_metadata(&self.path).map_or(true, |m| m.ino() != self.inode)
     }
 
-    /// Starts the accept thread; it stops when the device stops.
-    pub fn serve(&self, dev: Arc<Interface>, rt: Arc<Runtime>) -> io::Result<JoinHandle<()>> {
-        let listener = self.listener.try_clone()?;
-        std::thread::Builder::new()
-            .name("wl-uapi".into())
-            .spawn(move || accept_loop(listener, dev, rt))
+    /// The listening descriptor: readable when a client connects.
+    pub fn fd(&self) -> RawFd {
+        self.listener.as_raw_fd()
+    }
+
+    /// Accepts one waiting connection (the listener is non-blocking).
+    pub fn accept(&self) -> Option<UnixStream> {
+        match self.listener.accept() {
+            Ok((s, _)) => {
+                let _ = s.set_nonblocking(false);
+                Some(s)
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => None,
+            Err(e) => {
+                tracing::warn!(error = %e, "UAPI accept failed");
+                None
+            }
+        }
     }
 
     /// Removes the socket file if it is still ours.
@@ -148,39 +159,27 @@ fn watch_path(path: &Path) -> io::Result<OwnedFd> {
     Ok(fd)
 }
 
-fn accept_loop(listener: UnixListener, dev: Arc<Interface>, rt: Arc<Runtime>) {
-    let clients = Arc::new(AtomicUsize::new(0));
-    while !dev.stopping() {
-        match wait_readable(listener.as_raw_fd(), &dev.waker, -1) {
-            Ok(Ready::Readable) => {}
-            Ok(Ready::Timeout) => continue,
-            Ok(Ready::Woken) | Err(_) => return,
-        }
-        if clients.load(Ordering::Acquire) >= MAX_CLIENTS {
-            std::thread::sleep(std::time::Duration::from_millis(10));
-            continue;
-        }
-        let stream = match listener.accept() {
-            Ok((s, _)) => s,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-            Err(e) => {
-                tracing::warn!(error = %e, "UAPI accept failed");
-                continue;
+/// Connections served at once over every interface; more wait in the listen backlog
+/// until one ends.
+static CLIENTS: AtomicUsize = AtomicUsize::new(0);
+
+/// Whether another connection may be served now.
+pub fn room_for_client() -> bool {
+    CLIENTS.load(Ordering::Acquire) < MAX_CLIENTS
+}
+
+/// Serves one UAPI connection for `dev` on a short-lived thread of its own.
+pub fn spawn_connection(stream: UnixStream, dev: Arc<Interface>, rt: Arc<Runtime>) {
+    CLIENTS.fetch_add(1, Ordering::AcqRel);
+    let spawned = std::thread::Builder::new()
+        .name("wl-uapi-conn".into())
+        .spawn(move || {
+            if let Err(e) = uapi::serve_connection(stream, &dev, &rt) {
+                tracing::debug!(error = %e, "UAPI connection ended with an error");
             }
-        };
-        let _ = stream.set_nonblocking(false);
-        clients.fetch_add(1, Ordering::AcqRel);
-        let (d, r, c) = (dev.clone(), rt.clone(), clients.clone());
-        let spawned = std::thread::Builder::new()
-            .name("wl-uapi-conn".into())
-            .spawn(move || {
-                if let Err(e) = uapi::serve_connection(stream, &d, &r) {
-                    tracing::debug!(error = %e, "UAPI connection ended with an error");
-                }
-                c.fetch_sub(1, Ordering::AcqRel);
-            });
-        if spawned.is_err() {
-            clients.fetch_sub(1, Ordering::AcqRel);
-        }
+            CLIENTS.fetch_sub(1, Ordering::AcqRel);
+        });
+    if spawned.is_err() {
+        CLIENTS.fetch_sub(1, Ordering::AcqRel);
     }
 }

@@ -1,35 +1,47 @@
 //! `wirelane`: a user-space WireGuard daemon, started like wireguard-go
-//! (`wirelane [-f] IFNAME`) and configured with `wg` over the UAPI socket.
+//! (`wirelane [-f] IFNAME`) and configured with `wg` over the UAPI socket. One process
+//! may serve several interfaces from one set of threads (`wirelane IFNAME...`, or a
+//! pool that `wirelane --pool NAME IFNAME` joins; see `pool`).
 
-use clap::Parser;
+use clap::{CommandFactory, Parser};
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{FromRawFd, OwnedFd};
 use std::process::ExitCode;
 use std::sync::Arc;
-use wirelane_daemon::{daemonize, listener, privileges};
+use wirelane_daemon::pool::{self, Control, Request, POOL_ENV};
+use wirelane_daemon::supervisor::{open_tunnel, Stop, Supervisor, Tunnel};
+use wirelane_daemon::{daemonize, parse_ifname, privileges};
 use wirelane_dataplane::exec::{Model, MAX_WORKERS};
-use wirelane_dataplane::{Interface, Runtime, Sockets};
-use wirelane_io::tun::Tun;
+use wirelane_dataplane::Runtime;
+use wirelane_io::netlink::Monitor;
 
 #[derive(Parser, Debug)]
 #[command(
     name = "wirelane",
     version,
     about = "Multi-core user-space WireGuard daemon, a drop-in for wireguard-go",
-    long_about = "Creates the TUN interface IFNAME and serves the WireGuard UAPI on \
-/var/run/wireguard/IFNAME.sock (mode 0600), so that wg, wg show, wg setconf/syncconf and \
-`WG_QUICK_USERSPACE_IMPLEMENTATION=wirelane wg-quick` work unchanged.\n\n\
-Without --foreground it returns once the interface is ready and keeps running in the \
-background, as wg-quick expects. It stops on SIGINT or SIGTERM, when its UAPI socket is \
-deleted, or when the interface is deleted (wg-quick down), removing the socket and the \
-interface.",
+    long_about = "Creates the TUN interface IFNAME (or each IFNAME given) and serves the \
+WireGuard UAPI on /var/run/wireguard/IFNAME.sock (mode 0600), so that wg, wg show, wg \
+setconf/syncconf and `WG_QUICK_USERSPACE_IMPLEMENTATION=wirelane wg-quick` work \
+unchanged. Several interfaces in one process share one set of worker threads.\n\n\
+With --pool NAME (or WIRELANE_POOL=NAME), the interfaces join the pool of that name if \
+a wirelane process serves it in this network namespace, or else this process becomes \
+it; so `WIRELANE_POOL=gw WG_QUICK_USERSPACE_IMPLEMENTATION=wirelane wg-quick up wgN` \
+brings each tunnel into one process. --remove and --list manage a running pool.\n\n\
+Without --foreground it returns once the interfaces are ready and keeps running in the \
+background, as wg-quick expects. An interface stops when its UAPI socket or the \
+interface itself is deleted (wg-quick down); the process stops with its last interface \
+(unless --stay) or on SIGINT or SIGTERM, removing its sockets and interfaces.",
     after_help = "Environment:\n  \
+WIRELANE_POOL  the pool to join or start, as --pool\n  \
 WIRELANE_LOG   log filter, e.g. info, debug, wirelane_dataplane=trace (overrides --log-level)\n  \
 LOG_LEVEL      wireguard-go compatible: verbose, error or silent\n\n\
-Example:\n  wirelane wg0 && wg setconf wg0 wg0.conf && ip link set wg0 up"
+Examples:\n  wirelane wg0 && wg setconf wg0 wg0.conf && ip link set wg0 up\n  \
+wirelane -f wg0 wg1 wg2\n  \
+wirelane --pool gw wg3 && wirelane --pool gw --list"
 )]
 struct Cli {
-    /// Stay in the foreground instead of detaching once the interface is ready.
+    /// Stay in the foreground instead of detaching once the interfaces are ready.
     #[arg(short, long)]
     foreground: bool,
 
@@ -53,25 +65,31 @@ struct Cli {
           value_parser = clap::value_parser!(u16).range(1..=MAX_WORKERS as i64))]
     workers: Option<u16>,
 
-    /// Name of the interface to create, 1 to 15 characters.
-    #[arg(value_name = "IFNAME", value_parser = parse_ifname)]
-    ifname: String,
+    /// Join the pool NAME, or become it (default: $WIRELANE_POOL).
+    #[arg(long, value_name = "NAME", value_parser = parse_pool)]
+    pool: Option<String>,
+
+    /// Keep the pool running when its last interface goes.
+    #[arg(long)]
+    stay: bool,
+
+    /// Remove IFNAME from the pool, and exit.
+    #[arg(long, value_name = "IFNAME", value_parser = parse_ifname,
+          conflicts_with_all = ["ifnames", "list"])]
+    remove: Option<String>,
+
+    /// List the pool's interfaces, and exit.
+    #[arg(long, conflicts_with = "ifnames")]
+    list: bool,
+
+    /// Names of the interfaces to create, 1 to 15 characters each.
+    #[arg(value_name = "IFNAME", value_parser = parse_ifname,
+          required_unless_present_any = ["remove", "list"])]
+    ifnames: Vec<String>,
 }
 
-fn parse_ifname(s: &str) -> Result<String, String> {
-    let ok = !s.is_empty()
-        && s.len() < 16
-        && s != "."
-        && s != ".."
-        && s.bytes()
-            .all(|b| b.is_ascii_graphic() && b != b'/' && b != b':');
-    if ok {
-        Ok(s.to_string())
-    } else {
-        Err(format!(
-            "'{s}' is not a valid interface name (1-15 printable characters, no '/' or ':')"
-        ))
-    }
+fn parse_pool(s: &str) -> Result<String, String> {
+    pool::validate_name(s).map(|_| s.to_string())
 }
 
 fn init_logging(cli: &Cli) {
@@ -111,73 +129,100 @@ fn signal_fd() -> io::Result<OwnedFd> {
     }
 }
 
-/// Why the daemon is stopping.
-enum Stop {
-    Signal(i32),
-    SocketRemoved,
-    DeviceFailed(String),
-}
-
-fn wait_for_stop(sig: &OwnedFd, uapi: &listener::UapiListener, dev: &Interface) -> Stop {
-    loop {
-        let mut fds = [
-            libc::pollfd {
-                fd: sig.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            },
-            libc::pollfd {
-                fd: uapi.watch_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            },
-            libc::pollfd {
-                fd: dev.waker.fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            },
-        ];
-        // SAFETY: fds is a valid array of three pollfds for the call.
-        let r = unsafe { libc::poll(fds.as_mut_ptr(), 3, -1) };
-        if r < 0 {
-            continue; // EINTR
-        }
-        if fds[0].revents != 0 {
-            // SAFETY: signalfd_siginfo is plain data; read fills it from our signalfd.
-            let mut info: libc::signalfd_siginfo = unsafe { std::mem::zeroed() };
-            let n = unsafe {
-                libc::read(
-                    sig.as_raw_fd(),
-                    &mut info as *mut _ as *mut libc::c_void,
-                    std::mem::size_of_val(&info),
-                )
-            };
-            if n > 0 {
-                return Stop::Signal(info.ssi_signo as i32);
+/// Refuses arguments clap cannot judge alone, as clap would: message and exit code 2.
+fn check(cli: &mut Cli) {
+    let usage = |msg: String| -> ! {
+        Cli::command()
+            .error(clap::error::ErrorKind::ValueValidation, msg)
+            .exit()
+    };
+    if cli.pool.is_none() {
+        if let Ok(p) = std::env::var(POOL_ENV) {
+            if let Err(e) = pool::validate_name(&p) {
+                usage(format!("{POOL_ENV}: {e}"));
             }
+            cli.pool = Some(p);
         }
-        if fds[1].revents != 0 && uapi.removed() {
-            return Stop::SocketRemoved;
-        }
-        if fds[2].revents != 0 {
-            let why = dev.fatal.lock().map(|f| f.clone()).unwrap_or_default();
-            return Stop::DeviceFailed(why.unwrap_or_else(|| "stopped".into()));
+    }
+    if (cli.remove.is_some() || cli.list || cli.stay) && cli.pool.is_none() {
+        usage("--remove, --list and --stay need a pool (--pool NAME)".into());
+    }
+    let mut seen = std::collections::HashSet::new();
+    for n in &cli.ifnames {
+        if !seen.insert(n) {
+            usage(format!("interface '{n}' is named twice"));
         }
     }
 }
 
+/// `--remove` and `--list`: one request to a running pool.
+fn control(pool_name: &str, req: Request) -> ExitCode {
+    let answer = pool::control_path(pool_name).and_then(|p| pool::ask(&p, &req));
+    match answer {
+        Ok(Ok(detail)) => {
+            if !detail.is_empty() {
+                println!("{}", detail.replace(' ', "\n"));
+            }
+            ExitCode::SUCCESS
+        }
+        Ok(Err(e)) => {
+            eprintln!("wirelane: {e}");
+            ExitCode::FAILURE
+        }
+        Err(e) => {
+            eprintln!("wirelane: no pool '{pool_name}' in this network namespace ({e})");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Asks the running pool to add each interface.
+fn join(pool_name: &str, ifnames: &[String]) -> Result<(), String> {
+    let path = pool::control_path(pool_name).map_err(|e| e.to_string())?;
+    for n in ifnames {
+        pool::ask(&path, &Request::Add(n.clone()))
+            .map_err(|e| format!("pool '{pool_name}' did not answer: {e}"))??;
+        tracing::info!(interface = %n, pool = pool_name, "joined the pool");
+    }
+    Ok(())
+}
+
 fn run(cli: &Cli, readiness: &mut daemonize::Readiness) -> Result<(), String> {
     let sig = signal_fd().map_err(|e| format!("cannot set up signal handling: {e}"))?;
-    // Refuse before touching the interface if another process already serves it.
-    listener::ensure_not_served(&cli.ifname).map_err(|e| e.to_string())?;
-    let tun = listener::retry_while_exiting(|| Tun::create(&cli.ifname, !cli.no_offloads))
-        .map_err(|e| format!("cannot create TUN interface '{}': {e}", cli.ifname))?;
-    let sockets = Sockets::bind(0, 0).map_err(|e| format!("cannot bind UDP sockets: {e}"))?;
-    let dev = Interface::new(Box::new(tun), sockets)
-        .map_err(|e| format!("cannot create the interface: {e}"))?;
-    let uapi = listener::UapiListener::bind(&cli.ifname)
-        .map_err(|e| format!("cannot create UAPI socket: {e}"))?;
-    // Setup is done: keep only what the UAPI may still need, before any thread exists.
+    // A pool's control socket first: if a live pool answers there, join it instead.
+    let control = match &cli.pool {
+        Some(p) => match Control::bind(p) {
+            Ok(c) => Some(c),
+            Err(e) if e.kind() == io::ErrorKind::AddrInUse => {
+                join(p, &cli.ifnames)?;
+                readiness.ready();
+                return Ok(());
+            }
+            Err(e) => return Err(format!("cannot create pool '{p}': {e}")),
+        },
+        None => None,
+    };
+    // Everything that needs privileges, before they are dropped: the interfaces, and
+    // the rtnetlink monitor that hears every namespace.
+    let mut opened: Vec<(String, Tunnel)> = Vec::new();
+    for n in &cli.ifnames {
+        match open_tunnel(n, !cli.no_offloads) {
+            Ok(t) => opened.push((n.clone(), t)),
+            Err(e) => {
+                // Undo what was made: the sockets go, and the interfaces with them.
+                for (_, t) in &opened {
+                    t.uapi.remove();
+                }
+                return Err(e);
+            }
+        }
+    }
+    let monitor = Monitor::open()
+        .inspect_err(|e| tracing::warn!(error = %e, "no rtnetlink notifications"))
+        .ok();
+    if monitor.as_ref().is_some_and(|m| !m.all_namespaces()) {
+        tracing::info!("MTU changes are followed only while an interface stays in this namespace");
+    }
     let keep: &[u32] = match cli.model {
         Model::Softirq => &privileges::KEPT_SOFTIRQ,
         _ => &privileges::KEPT,
@@ -193,43 +238,47 @@ fn run(cli: &Cli, readiness: &mut daemonize::Readiness) -> Result<(), String> {
         .map(usize::from)
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     let runtime = Arc::new(
-        Runtime::start(cli.model, workers).map_err(|e| format!("cannot start workers: {e}"))?,
+        Runtime::start(cli.model, workers, monitor)
+            .map_err(|e| format!("cannot start workers: {e}"))?,
     );
-    runtime
-        .serve(&dev)
-        .map_err(|e| format!("cannot start the interface's readers: {e}"))?;
-    let accept = uapi
-        .serve(dev.clone(), runtime.clone())
-        .map_err(|e| format!("cannot start UAPI server: {e}"))?;
+    let sup = Arc::new(
+        Supervisor::new(runtime.clone(), !cli.no_offloads, cli.stay)
+            .map_err(|e| format!("cannot start: {e}"))?,
+    );
+    for (n, t) in opened {
+        sup.serve(&n, t)?;
+    }
     tracing::info!(
-        interface = %dev.tun.name(),
-        port = dev.sockets().port,
+        interfaces = ?cli.ifnames,
         workers,
-        model = ?cli.model,
-        socket = %listener::socket_path(&cli.ifname).display(),
+        model = %cli.model,
+        pool = cli.pool.as_deref().unwrap_or("-"),
         "wirelane is up"
     );
     readiness.ready();
 
-    let stop = wait_for_stop(&sig, &uapi, &dev);
-    match &stop {
+    match sup.run(&sig, control.as_ref()) {
         Stop::Signal(s) => tracing::info!(signal = s, "shutting down on signal"),
-        Stop::SocketRemoved => tracing::info!("UAPI socket was removed; shutting down"),
-        Stop::DeviceFailed(why) => tracing::info!(reason = %why, "shutting down"),
+        Stop::LastTunnelGone => tracing::info!("the last interface is gone; shutting down"),
     }
-    // The socket goes first: from here on a new daemon for this interface (a restart,
-    // `wg-quick down; wg-quick up`) finds the name free, while the threads below stop.
-    uapi.remove();
+    // Sockets first (so a restart finds the names free), then the threads.
+    drop(control);
+    sup.remove_all();
     runtime.stop();
-    tracing::info!(stats = ?dev.stats.fields(), "final interface counters");
-    let _ = accept.join();
-    // The TUN interface disappears when its last descriptor closes with the device.
-    drop(Arc::try_unwrap(dev).ok());
     Ok(())
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let mut cli = Cli::parse();
+    check(&mut cli);
+    if let Some(p) = &cli.pool {
+        if let Some(n) = &cli.remove {
+            return control(p, Request::Remove(n.clone()));
+        }
+        if cli.list {
+            return control(p, Request::List);
+        }
+    }
     let detached = std::env::var_os(daemonize::READY_FD_ENV).is_some();
     if !cli.foreground && !detached {
         // Re-run ourselves in the background with the same arguments.

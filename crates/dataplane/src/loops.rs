@@ -21,6 +21,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+use wirelane_io::netlink::Monitor;
 use wirelane_io::poll::{wait_readable, Ready, Waker};
 
 /// How often an idle UDP reader looks for sockets a UAPI rebind replaced. Stopping
@@ -188,39 +189,36 @@ pub fn handshake_loop(hub: &HandshakeHub, sched: &dyn Scheduler, stop: &Receiver
 }
 
 /// The timer thread: every [`TIMER_TICK`] runs every interface's due protocol timers,
-/// and follows the host's network (`NetWatch`) as soon as rtnetlink reports a change.
-/// The interface list is read afresh each round, so interfaces come and go freely.
-pub fn timer_loop(interfaces: &RwLock<Vec<Arc<Interface>>>, sched: &dyn Scheduler, stop: &Waker) {
+/// and hands rtnetlink's notifications (the runtime's `monitor`) to every interface's
+/// `NetWatch` as soon as they arrive. The interface list is read afresh each round, so
+/// interfaces come and go freely.
+pub fn timer_loop(
+    interfaces: &RwLock<Vec<Arc<Interface>>>,
+    monitor: Option<&Monitor>,
+    sched: &dyn Scheduler,
+    stop: &Waker,
+) {
     let mut next_tick = Instant::now() + TIMER_TICK;
+    // Without a monitor the stop waker stands in: it never fires until stop.
+    let monitor_fd = monitor.map_or(stop.fd(), Monitor::fd);
     loop {
-        let list: Vec<Arc<Interface>> =
-            interfaces.read().unwrap_or_else(|p| p.into_inner()).clone();
-        let mut fds: Vec<libc::pollfd> = std::iter::once(stop.fd())
-            .chain(list.iter().filter_map(|i| i.netwatch.monitor_fd()))
-            .map(|fd| libc::pollfd {
-                fd,
-                events: libc::POLLIN,
-                revents: 0,
-            })
-            .collect();
+        // Rounded up: a wait rounded down to 0 ms would spin until the tick, taking a
+        // core from the data path for up to a millisecond in every ten.
         let left = next_tick.saturating_duration_since(Instant::now());
-        // SAFETY: fds is a valid array of pollfds for the call's duration.
-        let r = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as _, left.as_millis() as i32) };
-        if r > 0 && fds[0].revents != 0 {
-            return;
-        }
-        if r > 0 {
-            for iface in &list {
-                let readable = fds[1..]
-                    .iter()
-                    .any(|p| Some(p.fd) == iface.netwatch.monitor_fd() && p.revents != 0);
-                if readable {
-                    iface.netwatch.handle(iface.tun.as_tun());
+        let wait_ms = left.as_micros().div_ceil(1000) as i32;
+        let list = || interfaces.read().unwrap_or_else(|p| p.into_inner()).clone();
+        match wait_readable(monitor_fd, stop, wait_ms) {
+            Ok(Ready::Readable) => {
+                let events = monitor.map(Monitor::drain).unwrap_or_default();
+                for iface in list() {
+                    iface.netwatch.handle(&events, iface.tun.as_tun());
                 }
             }
+            Ok(Ready::Timeout) => {}
+            _ => return,
         }
         if Instant::now() >= next_tick {
-            for iface in list.iter().filter(|i| !i.stopping()) {
+            for iface in list().iter().filter(|i| !i.stopping()) {
                 stages::timers::run_due(StageCtx { iface, sched });
             }
             next_tick = Instant::now() + TIMER_TICK;

@@ -9,8 +9,10 @@
 //!   checked again, as kernel WireGuard re-checks `src4` and `src_if4` on a route
 //!   lookup.
 //!
-//! Who calls what: the timer thread owns the [`Monitor`] and calls [`NetWatch::handle`]
-//! when it is readable; the data path only reads (`mtu_for`, `generation`,
+//! Who calls what: the runtime owns one `Monitor` for every interface (opened before
+//! privileges are dropped: hearing other namespaces needs CAP_NET_BROADCAST at that
+//! moment); its timer thread drains it and hands the events to each interface's
+//! [`NetWatch::handle`]. The data path only reads (`mtu_routes`, `generation`,
 //! `source_usable`). Refreshing takes a few netlink round trips and never runs on the
 //! data path, except a source check, once per peer per generation.
 
@@ -18,7 +20,7 @@ use std::collections::HashSet;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
-use wirelane_io::netlink::{Change, Event, Monitor, Route, Rtnl};
+use wirelane_io::netlink::{Change, Event, Route, Rtnl};
 use wirelane_io::tun::Tun;
 use wirelane_io::udp::LocalAddr;
 use wirelane_proto::{AllowedIps, Prefix};
@@ -40,7 +42,6 @@ struct HostAddrs {
 }
 
 pub struct NetWatch {
-    monitor: Option<Monitor>,
     rtnl: Option<Mutex<Rtnl>>,
     generation: AtomicU64,
     mtu: AtomicU32,
@@ -57,28 +58,18 @@ pub struct NetWatch {
 }
 
 impl NetWatch {
-    /// Opens the netlink sockets (before privileges are dropped: listening to other
-    /// namespaces needs CAP_NET_BROADCAST at this moment) and reads the device's state.
-    /// Without netlink the tunnel still runs, with the MTU it starts with; without a
-    /// real device (an in-memory one) there is nothing to watch.
+    /// Opens a netlink request socket and reads the device's state. Without netlink the
+    /// tunnel still runs, with the MTU it starts with; without a real device (an
+    /// in-memory one) there is nothing to watch.
     pub fn new(tun: Option<&Tun>) -> NetWatch {
         let Some(tun) = tun else {
             return NetWatch::unwatched();
         };
-        let monitor = Monitor::open()
-            .inspect_err(|e| tracing::warn!(error = %e, "no rtnetlink notifications"))
-            .ok();
-        if monitor.as_ref().is_some_and(|m| !m.all_namespaces()) {
-            tracing::info!(
-                "MTU changes are followed only while the interface stays in this namespace"
-            );
-        }
         let rtnl = Rtnl::open()
             .inspect_err(|e| tracing::warn!(error = %e, "no rtnetlink requests"))
             .ok()
             .map(Mutex::new);
         let watch = NetWatch {
-            monitor,
             rtnl,
             generation: AtomicU64::new(1),
             mtu: AtomicU32::new(tun.mtu().unwrap_or(wirelane_io::tun::DEFAULT_MTU)),
@@ -93,7 +84,6 @@ impl NetWatch {
 
     fn unwatched() -> NetWatch {
         NetWatch {
-            monitor: None,
             rtnl: None,
             generation: AtomicU64::new(1),
             mtu: AtomicU32::new(wirelane_io::tun::DEFAULT_MTU),
@@ -102,11 +92,6 @@ impl NetWatch {
             mtu_route_list: Mutex::default(),
             host_addrs: Mutex::default(),
         }
-    }
-
-    /// The notification socket the timer thread polls, if there is one.
-    pub fn monitor_fd(&self) -> Option<std::os::fd::RawFd> {
-        self.monitor.as_ref().map(Monitor::fd)
     }
 
     /// The device's MTU.
@@ -141,20 +126,15 @@ impl NetWatch {
         self.generation.load(Ordering::Acquire)
     }
 
-    /// Handles every pending notification. Called by the timer thread when the
-    /// monitor is readable.
-    pub fn handle(&self, tun: Option<&Tun>) {
+    /// Follows a batch of notifications (the runtime's timer thread drains its
+    /// monitor and hands every interface the same batch).
+    pub fn handle(&self, events: &[Event], tun: Option<&Tun>) {
         let Some(tun) = tun else { return };
-        let events: Vec<Event> = self
-            .monitor
-            .as_ref()
-            .map(Monitor::drain)
-            .unwrap_or_default();
         let tun_nsid = self.tun.lock().unwrap_or_else(|p| p.into_inner()).nsid;
         let mut changed_here = false;
         let mut refresh = false;
         let mut routes_changed = false;
-        for e in &events {
+        for e in events {
             changed_here |= e.nsid.is_none();
             // Any link change may be the device moving or changing its MTU; address
             // changes matter where the device lives.

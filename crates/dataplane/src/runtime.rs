@@ -12,6 +12,7 @@ use crate::threads::{Registry, ThreadStats};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
+use wirelane_io::netlink::Monitor;
 use wirelane_io::poll::Waker;
 
 pub struct Runtime {
@@ -29,7 +30,13 @@ pub struct Runtime {
 
 impl Runtime {
     /// Starts `model` with `workers` crypt workers, and the handshake and timer threads.
-    pub fn start(model: Model, workers: usize) -> std::io::Result<Runtime> {
+    /// `monitor` (rtnetlink notifications, opened while privileges allowed) serves
+    /// every interface; without one, interfaces keep the MTU they start with.
+    pub fn start(
+        model: Model,
+        workers: usize,
+        monitor: Option<Monitor>,
+    ) -> std::io::Result<Runtime> {
         let shared = Shared {
             threads: Arc::new(Registry::default()),
             handshakes: Arc::new(HandshakeHub::default()),
@@ -62,7 +69,7 @@ impl Runtime {
             rt.timer_stop.clone(),
         );
         let h = rt.shared.threads.spawn("wl-timers".into(), move || {
-            loops::timer_loop(&list, &*s, &stop)
+            loops::timer_loop(&list, monitor.as_ref(), &*s, &stop)
         })?;
         rt.service_push(h);
         Ok(rt)
@@ -132,6 +139,11 @@ impl Runtime {
 
     pub fn model(&self) -> Model {
         self.model.model()
+    }
+
+    /// Work items queued for `iface`, where the model keeps them apart.
+    pub fn queued_for(&self, iface: &Interface) -> usize {
+        self.model.queued_for(iface.id)
     }
 
     pub fn workers(&self) -> usize {

@@ -88,6 +88,9 @@ counters! {
     serial_empty_polls,
     serial_head_pending,
     serial_budget_exhausted,
+    /// Nanoseconds the runtime's threads spent on this interface's crypt and serial
+    /// items (its share of the pool).
+    busy_ns,
 }
 
 /// Buckets of [`Stats::serial_packets_hist`]: 0, 1, 2–3, … 512–1023, 1024 and more.
@@ -107,6 +110,12 @@ fn hist_bucket(packets: usize) -> usize {
 }
 
 impl Stats {
+    /// Adds time spent on one of the interface's items.
+    pub fn add_busy(&self, d: std::time::Duration) {
+        self.busy_ns
+            .fetch_add(d.as_nanos() as u64, Ordering::Relaxed);
+    }
+
     /// Records one serial-stage invocation.
     pub fn record_serial_run(&self, d: &Drained) {
         let add = |c: &AtomicU64, n: usize| c.fetch_add(n as u64, Ordering::Relaxed);

@@ -287,6 +287,71 @@ impl Drop for Daemon {
     }
 }
 
+/// Starts one wirelane process in `ns` serving `n` new interfaces; the first daemon
+/// owns the process, the others share it (dropping them leaves it running).
+pub fn start_many(which: Impl, ns: &Netns, n: usize) -> Result<Vec<Daemon>> {
+    if n == 1 {
+        return Ok(vec![start(which, ns)?]);
+    }
+    let names: Vec<String> = (0..n).map(|_| unique("lw")).collect();
+    let log = std::env::temp_dir().join(format!("{}.log", names[0]));
+    let mut cmd = ns.command(which.program()?.to_str().ok_or("non-UTF-8 path")?);
+    cmd.arg("-f");
+    if let Impl::Wirelane(Flavor { model: Some(m), .. }) = which {
+        cmd.args(["--model", m.name()]);
+    }
+    let child = cmd
+        .args(&names)
+        .env("LOG_LEVEL", "error")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log)?)
+        .spawn()?;
+    let pid = child.id();
+    let mut owner = Daemon {
+        pid: Some(pid),
+        child: Some(child),
+        ifname: names[0].clone(),
+        which,
+        ns: ns.name.clone(),
+        log,
+    };
+    wait_for_socket(&mut owner, &names)?;
+    let mut all = vec![owner];
+    all.extend(names[1..].iter().map(|name| Daemon {
+        pid: Some(pid),
+        child: None,
+        ifname: name.clone(),
+        which,
+        ns: ns.name.clone(),
+        log: std::env::temp_dir().join(format!("{name}.log")),
+    }));
+    Ok(all)
+}
+
+/// Waits until every interface in `names` has its UAPI socket, or `d` exits.
+fn wait_for_socket(d: &mut Daemon, names: &[String]) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    for name in names {
+        let sock = format!("/var/run/wireguard/{name}.sock");
+        while !std::path::Path::new(&sock).exists() {
+            if let Some(st) = d.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+                return Err(format!(
+                    "{} exited during start-up: {st}: {}",
+                    d.which.name(),
+                    d.log()
+                )
+                .into());
+            }
+            if Instant::now() > deadline {
+                return Err(format!("{} did not create its UAPI socket", d.which.name()).into());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    Ok(())
+}
+
 pub fn start(which: Impl, ns: &Netns) -> Result<Daemon> {
     let ifname = unique("lw");
     let log = std::env::temp_dir().join(format!("{ifname}.log"));
@@ -325,80 +390,100 @@ pub fn start(which: Impl, ns: &Netns) -> Result<Daemon> {
         ns: ns.name.clone(),
         log,
     };
-    let sock = format!("/var/run/wireguard/{}.sock", d.ifname);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !std::path::Path::new(&sock).exists() {
-        if let Some(st) = d.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
-            return Err(
-                format!("{} exited during start-up: {st}: {}", which.name(), d.log()).into(),
-            );
-        }
-        if Instant::now() > deadline {
-            return Err(format!("{} did not create its UAPI socket", which.name()).into());
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let names = [d.ifname.clone()];
+    wait_for_socket(&mut d, &names)?;
     Ok(d)
 }
 
-/// The tunnel (or plain path) a workload runs over.
+/// The tunnel (or plain path) a workload runs over; for `multi:T`, T tunnels.
 pub struct Tunnel {
+    /// Host A's tunnel ends, then host B's.
     pub daemons: Vec<Daemon>,
-    /// Address of host A and host B as the workload sees them.
+    /// Address of host A and host B as the workload sees them (the first tunnel's).
     pub addr_a: IpAddr,
     pub addr_b: IpAddr,
+    /// Every tunnel's inner addresses, host A's then host B's.
+    pub pairs: Vec<(IpAddr, IpAddr)>,
 }
 
 impl Tunnel {
+    /// Brings up a tunnel for every link of `bed`. wirelane serves all of a host's
+    /// tunnels from one process (one pool of workers); the others run one process per
+    /// tunnel, as their users must.
     pub fn up(which: Impl, bed: &Testbed) -> Result<Tunnel> {
-        let link = &bed.links[0];
-        let (ha, hb) = (&bed.hosts[link.a], &bed.hosts[link.b]);
+        let first = &bed.links[0];
         if which == Impl::None {
+            let (ha, hb) = (&bed.hosts[first.a], &bed.hosts[first.b]);
             return Ok(Tunnel {
                 daemons: Vec::new(),
                 addr_a: ha.underlay,
                 addr_b: hb.underlay,
+                pairs: vec![(ha.underlay, hb.underlay)],
             });
         }
         which.available()?;
-        let keys: Vec<(String, String)> = (0..2)
-            .map(|_| -> Result<(String, String)> {
-                let private = netns::sh("wg genkey")?.trim().to_string();
-                let public = netns::sh(&format!("echo {private} | wg pubkey"))?
-                    .trim()
-                    .to_string();
-                Ok((private, public))
-            })
-            .collect::<Result<_>>()?;
-        let mut daemons = Vec::new();
-        let inner = ["10.81.0.1", "10.81.0.2"];
-        for (i, (host, sends_to)) in [(ha, link.a_sends_to), (hb, link.b_sends_to)]
-            .into_iter()
-            .enumerate()
-        {
-            let d = start(which, &host.ns)?;
-            let keyfile = std::env::temp_dir().join(format!("{}.key", d.ifname));
-            std::fs::write(&keyfile, format!("{}\n", keys[i].0))?;
-            let other = 1 - i;
-            let r = host.ns.run(&format!(
-                "wg set {if_} private-key {kf} listen-port {port} peer {pk} endpoint {ep} allowed-ips {ip}/32 \
-                 && ip addr add {me}/24 dev {if_} && ip link set {if_} up",
-                if_ = d.ifname,
-                kf = keyfile.display(),
-                port = host.port,
-                pk = keys[other].1,
-                ep = sends_to,
-                ip = inner[other],
-                me = inner[i],
-            ));
-            let _ = std::fs::remove_file(&keyfile);
-            r?;
-            daemons.push(d);
+        let n = bed.links.len();
+        let mut ends: Vec<Vec<Daemon>> = Vec::new();
+        for host in [&bed.hosts[first.a], &bed.hosts[first.b]] {
+            ends.push(if which.is_wirelane() {
+                start_many(which, &host.ns, n)?
+            } else {
+                (0..n)
+                    .map(|_| start(which, &host.ns))
+                    .collect::<Result<_>>()?
+            });
         }
+        let mut pairs = Vec::new();
+        for (t, link) in bed.links.iter().enumerate() {
+            let keys: Vec<(String, String)> = (0..2)
+                .map(|_| -> Result<(String, String)> {
+                    let private = netns::sh("wg genkey")?.trim().to_string();
+                    let public = netns::sh(&format!("echo {private} | wg pubkey"))?
+                        .trim()
+                        .to_string();
+                    Ok((private, public))
+                })
+                .collect::<Result<_>>()?;
+            let inner = [format!("10.81.{t}.1"), format!("10.81.{t}.2")];
+            let sides = [
+                (&bed.hosts[link.a], link.a_port, link.a_sends_to),
+                (&bed.hosts[link.b], link.b_port, link.b_sends_to),
+            ];
+            for (i, (host, port, sends_to)) in sides.into_iter().enumerate() {
+                let d = &ends[i][t];
+                let keyfile = std::env::temp_dir().join(format!("{}.key", d.ifname));
+                std::fs::write(&keyfile, format!("{}\n", keys[i].0))?;
+                let other = 1 - i;
+                let r = host.ns.run(&format!(
+                    "wg set {if_} private-key {kf} listen-port {port} peer {pk} endpoint {ep} allowed-ips {ip}/32 \
+                     && ip addr add {me}/24 dev {if_} && ip link set {if_} up",
+                    if_ = d.ifname,
+                    kf = keyfile.display(),
+                    pk = keys[other].1,
+                    ep = sends_to,
+                    ip = inner[other],
+                    me = inner[i],
+                ));
+                let _ = std::fs::remove_file(&keyfile);
+                r?;
+            }
+            pairs.push((inner[0].parse()?, inner[1].parse()?));
+        }
+        let daemons = ends.into_iter().flatten().collect();
         Ok(Tunnel {
             daemons,
-            addr_a: inner[0].parse()?,
-            addr_b: inner[1].parse()?,
+            addr_a: pairs[0].0,
+            addr_b: pairs[0].1,
+            pairs,
         })
+    }
+
+    /// The distinct daemon processes (one per host for wirelane, one per tunnel end
+    /// for the others).
+    pub fn pids(&self) -> Vec<u32> {
+        let mut p: Vec<u32> = self.daemons.iter().filter_map(|d| d.pid).collect();
+        p.sort_unstable();
+        p.dedup();
+        p
     }
 }

@@ -55,6 +55,10 @@ pub enum WorkloadSpec {
         streams: Vec<usize>,
         #[serde(default = "a_to_b")]
         direction: Vec<Direction>,
+        /// Tunnels between the two hosts (the `multi:T` topology), each carrying the
+        /// streams at once.
+        #[serde(default = "one")]
+        tunnels: Vec<usize>,
         #[serde(default)]
         impairment: Option<Impairment>,
     },
@@ -82,6 +86,9 @@ pub enum WorkloadSpec {
 fn one() -> Vec<usize> {
     vec![1]
 }
+fn one_tunnel() -> usize {
+    1
+}
 fn a_to_b() -> Vec<Direction> {
     vec![Direction::AToB]
 }
@@ -102,6 +109,8 @@ pub enum Cell {
     Tcp {
         streams: usize,
         direction: Direction,
+        #[serde(default = "one_tunnel")]
+        tunnels: usize,
         impairment: Impairment,
     },
     Udp {
@@ -127,10 +136,18 @@ impl Cell {
     }
 
     pub fn topology(&self) -> Topology {
-        if self.impairment().is_none() {
-            Topology::Pair
-        } else {
-            Topology::PairRouter
+        match self {
+            Cell::Tcp { tunnels, .. } if *tunnels > 1 => Topology::Multi(*tunnels as u16),
+            _ if self.impairment().is_none() => Topology::Pair,
+            _ => Topology::PairRouter,
+        }
+    }
+
+    /// Tunnels the cell runs over at once.
+    pub fn tunnels(&self) -> usize {
+        match self {
+            Cell::Tcp { tunnels, .. } => *tunnels,
+            _ => 1,
         }
     }
 
@@ -163,8 +180,17 @@ impl Cell {
         };
         match self {
             Cell::Tcp {
-                streams, direction, ..
-            } => format!("tcp {streams}x {}{imp}", dir(direction)),
+                streams,
+                direction,
+                tunnels,
+                ..
+            } => {
+                let multi = match tunnels {
+                    1 => String::new(),
+                    t => format!(" multi:{t}"),
+                };
+                format!("tcp {streams}x {}{multi}{imp}", dir(direction))
+            }
             Cell::Udp {
                 size,
                 pps,
@@ -235,20 +261,35 @@ impl Matrix {
                 WorkloadSpec::Tcp {
                     streams,
                     direction,
+                    tunnels,
                     impairment,
                 } => {
                     let imp = impairment.unwrap_or_default();
                     imp.validate()?;
+                    for &t in tunnels {
+                        if !(1..=MAX_TUNNELS).contains(&t) {
+                            return Err(format!(
+                                "matrix: tcp tunnels {t} must be 1..={MAX_TUNNELS}"
+                            )
+                            .into());
+                        }
+                        if t > 1 && !imp.is_none() {
+                            return Err("matrix: multi:T cells take no impairment".into());
+                        }
+                    }
                     for &s in streams {
                         if !(1..=64).contains(&s) {
                             return Err(format!("matrix: tcp streams {s} must be 1..=64").into());
                         }
                         for &d in direction {
-                            cells.push(Cell::Tcp {
-                                streams: s,
-                                direction: d,
-                                impairment: imp,
-                            });
+                            for &t in tunnels {
+                                cells.push(Cell::Tcp {
+                                    streams: s,
+                                    direction: d,
+                                    tunnels: t,
+                                    impairment: imp,
+                                });
+                            }
                         }
                     }
                 }
@@ -324,6 +365,9 @@ impl Matrix {
         v
     }
 }
+
+/// Most tunnels a `multi:T` cell may ask for (their inner addresses are 10.81.i.x).
+pub const MAX_TUNNELS: usize = 64;
 
 #[cfg(test)]
 mod tests {

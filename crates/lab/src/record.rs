@@ -70,6 +70,9 @@ pub struct RunRecord {
     /// wirelane's execution-order signatures over the run, per tunnel end.
     #[serde(default)]
     pub signatures: Vec<crate::signatures::Signatures>,
+    /// Threads of every daemon process at the end of the run (both hosts).
+    #[serde(default)]
+    pub daemon_threads: usize,
 }
 
 impl CpuReport {
@@ -95,6 +98,15 @@ impl CpuReport {
 }
 
 impl RunRecord {
+    /// Jain's fairness index over the TCP transfers (one per tunnel and direction):
+    /// 1 when all carried the same, 1/n when one carried everything.
+    pub fn jain_fairness(&self) -> Option<f64> {
+        let xs: Vec<f64> = self.tcp.iter().map(|t| t.goodput_bps).collect();
+        let sum: f64 = xs.iter().sum();
+        let sq: f64 = xs.iter().map(|x| x * x).sum();
+        (xs.len() > 1 && sq > 0.0).then(|| sum * sum / (xs.len() as f64 * sq))
+    }
+
     /// Total TCP goodput over all directions.
     pub fn goodput_bps(&self) -> Option<f64> {
         (!self.tcp.is_empty()).then(|| self.tcp.iter().map(|t| t.goodput_bps).sum())

@@ -371,6 +371,7 @@ mod tests {
         let cell = Cell::Tcp {
             streams: 1,
             direction: Direction::AToB,
+            tunnels: 1,
             impairment: Default::default(),
         };
         RunRecord {
@@ -400,6 +401,7 @@ mod tests {
             cycles_per_byte: None,
             relay: vec![],
             signatures: vec![],
+            daemon_threads: 0,
         }
     }
 

@@ -40,6 +40,7 @@ pub fn execute(m: &Matrix, run: &Run, env: &Env, set: &str) -> RunRecord {
         cycles_per_byte: None,
         relay: Vec::new(),
         signatures: Vec::new(),
+        daemon_threads: 0,
     };
     if let Err(e) = measure(run.implementation, &cell, m.duration, &mut rec) {
         rec.error = Some(e.to_string());
@@ -95,13 +96,20 @@ fn measure(which: Impl, cell: &Cell, dur: Duration, rec: &mut RunRecord) -> Resu
         return Err("tunnel did not come up (no reply during warm-up)".into());
     }
 
-    let pids: Vec<u32> = tun.daemons.iter().filter_map(|d| d.pid).collect();
-    // wirelane's own counters, read around the workload like everything else.
+    let pids: Vec<u32> = tun.pids();
+    // wirelane's own counters, read around the workload like everything else: each
+    // interface's, host A's tunnel ends first.
+    let per_host = tun.pairs.len();
     let sig_ends: Vec<(String, String)> = if which.is_wirelane() {
         tun.daemons
             .iter()
-            .zip(["a", "b"])
-            .map(|(d, side)| (d.ifname.clone(), side.to_string()))
+            .enumerate()
+            .map(|(i, d)| {
+                (
+                    d.ifname.clone(),
+                    if i < per_host { "a" } else { "b" }.into(),
+                )
+            })
             .collect()
     } else {
         Vec::new()
@@ -125,19 +133,26 @@ fn measure(which: Impl, cell: &Cell, dur: Duration, rec: &mut RunRecord) -> Resu
         Cell::Tcp {
             streams, direction, ..
         } => {
-            let run = |src: &str, dst: &str, addr| tcp::bulk(src, dst, addr, streams, dur);
-            rec.tcp = match direction {
-                Direction::AToB => vec![run(&a, &b, addr_b)?],
-                Direction::BToA => vec![run(&b, &a, addr_a)?],
-                Direction::Both => {
-                    let (a2, b2) = (a.clone(), b.clone());
-                    let back =
-                        std::thread::spawn(move || tcp::bulk(&b2, &a2, addr_a, streams, dur));
-                    let fwd = run(&a, &b, addr_b)?;
-                    let rev = back.join().map_err(|_| "reverse stream panicked")??;
-                    vec![fwd, rev]
+            // Every tunnel's transfer at once (one for pair), and both ways for Both.
+            let mut flows = Vec::new();
+            for &(ia, ib) in &tun.pairs {
+                if direction != Direction::BToA {
+                    flows.push((a.clone(), b.clone(), ib));
                 }
-            };
+                if direction != Direction::AToB {
+                    flows.push((b.clone(), a.clone(), ia));
+                }
+            }
+            let handles: Vec<_> = flows
+                .into_iter()
+                .map(|(src, dst, addr)| {
+                    std::thread::spawn(move || tcp::bulk(&src, &dst, addr, streams, dur))
+                })
+                .collect();
+            rec.tcp = handles
+                .into_iter()
+                .map(|h| h.join().map_err(|_| "a transfer panicked")?)
+                .collect::<Result<_>>()?;
         }
         Cell::Udp {
             size,
@@ -196,6 +211,7 @@ fn measure(which: Impl, cell: &Cell, dur: Duration, rec: &mut RunRecord) -> Resu
         rec.peak_rss_kib.extend(cpu::peak_rss_kib(*pid));
     }
     let daemon_s: f64 = threads.iter().map(|t| t.cpu_s).sum();
+    rec.daemon_threads = pids.iter().map(|p| cpu::read_threads(*p).len()).sum();
     let thread_s = daemon_s + self_s;
     rec.cpu = CpuReport {
         cores: cpu::core_splits(&cores_before, &cores_after),

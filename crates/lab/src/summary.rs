@@ -253,23 +253,30 @@ fn receiver_sigs(r: &RunRecord) -> Option<crate::signatures::Signatures> {
         Cell::Tcp { direction, .. } | Cell::Udp { direction, .. } => direction,
         Cell::Rr { .. } => Direction::Both,
     };
-    let pick = |side: &str| r.signatures.iter().find(|s| s.side == side).cloned();
-    match dir {
-        Direction::AToB => pick("b"),
-        Direction::BToA => pick("a"),
-        Direction::Both => {
-            let mut all = r.signatures.iter();
-            let mut sum = all.next()?.clone();
-            for s in all {
-                sum.invocations += s.invocations;
-                sum.packets += s.packets;
-                sum.empty_polls += s.empty_polls;
-                sum.head_pending += s.head_pending;
-                sum.threads.extend(s.threads.iter().cloned());
+    let side = match dir {
+        Direction::AToB => Some("b"),
+        Direction::BToA => Some("a"),
+        Direction::Both => None,
+    };
+    // Every interface of that side (several for multi:T); threads are the process's,
+    // counted once per process.
+    let mut all = r
+        .signatures
+        .iter()
+        .filter(|s| side.is_none_or(|side| s.side == side));
+    let mut sum = all.next()?.clone();
+    for s in all {
+        sum.invocations += s.invocations;
+        sum.packets += s.packets;
+        sum.empty_polls += s.empty_polls;
+        sum.head_pending += s.head_pending;
+        for t in &s.threads {
+            if !sum.threads.iter().any(|u| u.name == t.name) {
+                sum.threads.push(t.clone());
             }
-            Some(sum)
         }
     }
+    Some(sum)
 }
 
 /// Header of the signature table.

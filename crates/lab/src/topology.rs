@@ -15,6 +15,9 @@ pub enum Topology {
     Pair,
     /// Two hosts behind a router namespace running the impairment relay.
     PairRouter,
+    /// Two hosts, one veth, T tunnels between them, each with its own ports and inner
+    /// addresses.
+    Multi(u16),
 }
 
 impl std::str::FromStr for Topology {
@@ -23,11 +26,19 @@ impl std::str::FromStr for Topology {
         match s {
             "pair" => Ok(Topology::Pair),
             "pair-router" => Ok(Topology::PairRouter),
-            _ if s.starts_with("star:") || s.starts_with("multi:") => Err(format!(
-                "topology '{s}' is not available yet (planned: star:N, multi:T)"
-            )),
+            _ if s.starts_with("multi:") => s[6..]
+                .parse::<u16>()
+                .ok()
+                .filter(|t| (1..=crate::matrix::MAX_TUNNELS as u16).contains(t))
+                .map(Topology::Multi)
+                .ok_or_else(|| {
+                    format!(
+                        "topology '{s}': T must be 1..={}",
+                        crate::matrix::MAX_TUNNELS
+                    )
+                }),
             _ => Err(format!(
-                "unknown topology '{s}' (available: pair, pair-router)"
+                "unknown topology '{s}' (available: pair, pair-router, multi:T)"
             )),
         }
     }
@@ -35,10 +46,11 @@ impl std::str::FromStr for Topology {
 
 impl std::fmt::Display for Topology {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Topology::Pair => "pair",
-            Topology::PairRouter => "pair-router",
-        })
+        match self {
+            Topology::Pair => f.write_str("pair"),
+            Topology::PairRouter => f.write_str("pair-router"),
+            Topology::Multi(t) => write!(f, "multi:{t}"),
+        }
     }
 }
 
@@ -49,11 +61,14 @@ pub struct Host {
     pub port: u16,
 }
 
-/// A tunnel to build: indices into `hosts`, and the outer endpoint each side should
-/// send to (the other host, or the relay in between).
+/// A tunnel to build: indices into `hosts`, the UDP port each side listens on, and
+/// the outer endpoint each side should send to (the other host, or the relay in
+/// between).
 pub struct Link {
     pub a: usize,
     pub b: usize,
+    pub a_port: u16,
+    pub b_port: u16,
     pub a_sends_to: SocketAddr,
     pub b_sends_to: SocketAddr,
 }
@@ -113,6 +128,29 @@ impl Testbed {
         let a = Netns::new("lab")?;
         let b = Netns::new("lab")?;
         match topology {
+            Topology::Multi(t) => {
+                veth(&a, "192.168.81.1/24", &b, "192.168.81.2/24")?;
+                let (ua, ub) = (v4(192, 168, 81, 1), v4(192, 168, 81, 2));
+                let links = (0..t)
+                    .map(|i| {
+                        let (pa, pb) = (PORT_A + 2 * i, PORT_B + 2 * i);
+                        Link {
+                            a: 0,
+                            b: 1,
+                            a_port: pa,
+                            b_port: pb,
+                            a_sends_to: SocketAddr::new(ub, pb),
+                            b_sends_to: SocketAddr::new(ua, pa),
+                        }
+                    })
+                    .collect();
+                Ok(Testbed {
+                    relay: None,
+                    links,
+                    hosts: two_hosts(a, ua, b, ub),
+                    router: None,
+                })
+            }
             Topology::Pair => {
                 if !impairment.is_none() {
                     return Err(
@@ -127,6 +165,8 @@ impl Testbed {
                     links: vec![Link {
                         a: 0,
                         b: 1,
+                        a_port: PORT_A,
+                        b_port: PORT_B,
                         a_sends_to: SocketAddr::new(ub, PORT_B),
                         b_sends_to: SocketAddr::new(ua, PORT_A),
                     }],
@@ -159,6 +199,8 @@ impl Testbed {
                     links: vec![Link {
                         a: 0,
                         b: 1,
+                        a_port: PORT_A,
+                        b_port: PORT_B,
                         a_sends_to: ra,
                         b_sends_to: rb,
                     }],

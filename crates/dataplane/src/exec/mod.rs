@@ -9,6 +9,7 @@
 //! | `threaded` | threaded NAPI | crypt workers; each peer's serial stages on a thread of its own |
 //! | `softirq` | softirq NAPI (the kernel's default) | per-core crypt workers; a per-core poller at higher priority runs the RX serial stage where the decrypting worker ran |
 
+mod fairq;
 pub mod softirq;
 pub mod threaded;
 pub mod workqueue;
@@ -67,6 +68,10 @@ pub trait ExecModel: Scheduler {
     /// Stops every thread the model started and waits for them. Work still queued is
     /// dropped (the runtime stops its readers first).
     fn stop(&self);
+    /// Items queued for interface `iface` (where the model keeps them apart).
+    fn queued_for(&self, _iface: u32) -> usize {
+        0
+    }
 }
 
 /// What every model shares with the runtime.

@@ -6,16 +6,19 @@
 //! construction. This is the kernel workqueue fix of seed 000 §4.2, and the
 //! multi-tunnel answer of seeds 003/004: no tunnel's serial work is tied to a core.
 //!
-//! The idle shortcut: a reader (see `loops::is_reader_thread`) that finds the FIFO
+//! With several interfaces the FIFO is one per interface, served deficit round robin
+//! (`fairq`): under overload each tunnel gets an equal share of the pool, in packets.
+//!
+//! The idle shortcut: a reader (see `loops::is_reader_thread`) that finds the queue
 //! empty runs a small item itself rather than waking a worker for it (see
 //! [`Workqueue::run_here`]).
 
-use super::{next_or_stop, ExecModel, Joined, Model, Shared, StopSignal};
+use super::fairq::FairQueue;
+use super::{ExecModel, Joined, Model, Shared};
 use crate::interface::Interface;
 use crate::loops::is_reader_thread;
 use crate::sched::{CryptWork, Direction, Scheduler, SerialWork};
 use crate::stages;
-use crossbeam_channel::{Receiver, Sender};
 use std::sync::Arc;
 
 /// Largest crypt batch, or serial-stage backlog, a reader runs itself.
@@ -27,20 +30,15 @@ enum Item {
 }
 
 pub struct Workqueue {
-    tx: Sender<Item>,
-    rx: Receiver<Item>,
-    stop: StopSignal,
+    queue: FairQueue<Item>,
     threads: Joined,
     shared: Shared,
 }
 
 impl Workqueue {
     pub fn start(workers: usize, shared: Shared) -> std::io::Result<Arc<dyn ExecModel>> {
-        let (tx, rx) = crossbeam_channel::unbounded();
         let wq = Arc::new(Workqueue {
-            tx,
-            rx,
-            stop: StopSignal::default(),
+            queue: FairQueue::default(),
             threads: Joined::default(),
             shared,
         });
@@ -88,7 +86,7 @@ impl Workqueue {
                 q.queued_packets() <= SHORTCUT_MAX_PACKETS
             }
         };
-        if small && is_reader_thread() && self.rx.is_empty() {
+        if small && is_reader_thread() && self.queue.is_empty() {
             self.run(item);
             None
         } else {
@@ -98,15 +96,25 @@ impl Workqueue {
 
     /// A worker: runs items until the model stops.
     fn worker(&self) {
-        while let Some(item) = next_or_stop(&self.rx, &self.stop) {
+        while let Some(item) = self.queue.pop() {
             self.run(item);
         }
     }
 
     fn submit(&self, item: Item) {
         if let Some(item) = self.run_here(item) {
-            // The receiver lives as long as the model, so sending cannot fail.
-            let _ = self.tx.send(item);
+            // Cost in packets: a crypt batch's, or what a serial stage will find.
+            let (lane, cost) = match &item {
+                Item::Crypt(w) => (w.iface.id, w.batch.len()),
+                Item::Serial(w) => {
+                    let q = match w.dir {
+                        Direction::Tx => &w.peer.tx_queue,
+                        Direction::Rx => &w.peer.rx_queue,
+                    };
+                    (w.iface.id, q.queued_packets())
+                }
+            };
+            self.queue.push(lane, item, cost);
         }
     }
 }
@@ -131,7 +139,11 @@ impl ExecModel for Workqueue {
     }
 
     fn stop(&self) {
-        self.stop.stop();
+        self.queue.stop();
         self.threads.join_all();
+    }
+
+    fn queued_for(&self, iface: u32) -> usize {
+        self.queue.len_of(iface)
     }
 }

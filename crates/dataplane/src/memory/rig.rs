@@ -159,7 +159,7 @@ impl Rig {
         clients: usize,
         hook: Option<Hook>,
     ) -> std::io::Result<Rig> {
-        let runtime = Arc::new(Runtime::start(model, workers)?);
+        let runtime = Arc::new(Runtime::start(model, workers, None)?);
         let net = Arc::new(MemoryNet::default());
         let outer = |i: u32| SocketAddr::from((Ipv4Addr::from(0x0a00_0000 + i), 51820));
         let inner = |i: u32| Ipv4Addr::from(0x0a80_0000 + i);

@@ -28,6 +28,7 @@ use crate::interface::Interface;
 use crate::queue::Drained;
 use crate::sched::{CryptWork, Direction, Scheduler, SerialWork};
 use std::sync::Arc;
+use std::time::Instant;
 
 /// What every stage is given.
 #[derive(Clone, Copy)]
@@ -36,28 +37,40 @@ pub struct StageCtx<'a> {
     pub sched: &'a dyn Scheduler,
 }
 
-/// Runs one crypt item (seal or open); a model's workers call this.
+/// Runs one crypt item (seal or open); a model's workers call this. The time it takes
+/// counts as its interface's busy time.
 pub fn run_crypt(sched: &dyn Scheduler, w: CryptWork) {
+    let started = Instant::now();
+    let CryptWork {
+        iface,
+        peer,
+        batch,
+        dir,
+    } = w;
     let c = StageCtx {
-        iface: &w.iface,
+        iface: &iface,
         sched,
     };
-    match w.dir {
-        Direction::Tx => encrypt::encrypt(c, &w.peer, w.batch),
-        Direction::Rx => decrypt::decrypt(c, &w.peer, w.batch),
+    match dir {
+        Direction::Tx => encrypt::encrypt(c, &peer, batch),
+        Direction::Rx => decrypt::decrypt(c, &peer, batch),
     }
+    iface.stats.add_busy(started.elapsed());
 }
 
 /// Runs one serial item for at most `budget` packets (`usize::MAX`: everything
 /// ready). When the result says [`Drained::more`], the stage is still scheduled and
 /// the caller must run it again.
 pub fn run_serial(sched: &dyn Scheduler, w: &SerialWork, budget: usize) -> Drained {
+    let started = Instant::now();
     let c = StageCtx {
         iface: &w.iface,
         sched,
     };
-    match w.dir {
+    let d = match w.dir {
         Direction::Tx => tx_flush::flush(c, &w.peer, budget),
         Direction::Rx => rx_deliver::deliver(c, &w.peer, budget),
-    }
+    };
+    w.iface.stats.add_busy(started.elapsed());
+    d
 }

@@ -1,0 +1,189 @@
+//! Pools: one wirelane process serving several tunnels from one set of threads.
+//!
+//! `wirelane --pool NAME IFNAME` (or `WIRELANE_POOL=NAME wirelane IFNAME`, which is how
+//! `wg-quick` can ask for it) joins the pool NAME if a wirelane process serves it in
+//! this network namespace, asking it to add IFNAME; otherwise it becomes that pool.
+//! The pool is found by its control socket,
+//! `/var/run/wireguard/wirelane-pool-NAME-NSID.ctl`, mode 0600, where NSID is the
+//! network namespace's inode: a pool serves the namespace it runs in, so every
+//! tunnel's TUN and UDP sockets live in the namespace of whoever asked for it, and a
+//! request from another namespace finds no pool there and starts one of its own. The
+//! name does not end in `.sock`, so `wg show all` does not take it for an interface.
+//!
+//! The control protocol is one request line and one answer line per connection:
+//! `add IFNAME`, `remove IFNAME`, `list` → `ok [DETAIL]` or `error: MESSAGE`.
+
+use std::io::{self, BufRead, BufReader, Write};
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// The environment variable that names a pool for `wirelane IFNAME`.
+pub const POOL_ENV: &str = "WIRELANE_POOL";
+/// Longest request line.
+const MAX_LINE: usize = 256;
+
+/// Checks a pool name: 1 to 32 letters, digits, '-' or '_'.
+pub fn validate_name(name: &str) -> Result<(), String> {
+    let ok = (1..=32).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "'{name}' is not a valid pool name (1-32 letters, digits, '-' or '_')"
+        ))
+    }
+}
+
+/// The control socket of pool `name` in this process's network namespace.
+pub fn control_path(name: &str) -> io::Result<PathBuf> {
+    let ns = std::fs::metadata("/proc/thread-self/ns/net")?.ino();
+    Ok(PathBuf::from(crate::listener::SOCKET_DIR).join(format!("wirelane-pool-{name}-{ns}.ctl")))
+}
+
+/// One request to a pool.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Request {
+    Add(String),
+    Remove(String),
+    List,
+}
+
+impl Request {
+    pub fn parse(line: &str) -> Result<Request, String> {
+        match line.split_once(' ') {
+            Some(("add", name)) => Ok(Request::Add(name.to_string())),
+            Some(("remove", name)) => Ok(Request::Remove(name.to_string())),
+            None if line == "list" => Ok(Request::List),
+            _ => Err(format!(
+                "unknown request '{line}' (add IFNAME, remove IFNAME, list)"
+            )),
+        }
+    }
+
+    fn line(&self) -> String {
+        match self {
+            Request::Add(n) => format!("add {n}"),
+            Request::Remove(n) => format!("remove {n}"),
+            Request::List => "list".into(),
+        }
+    }
+}
+
+/// Asks the pool at `path`; Err(io) when no pool answers there, Ok(Err) for its refusal.
+pub fn ask(path: &PathBuf, req: &Request) -> io::Result<Result<String, String>> {
+    let mut s = UnixStream::connect(path)?;
+    // Adding a tunnel creates an interface and sockets: seconds at worst.
+    s.set_read_timeout(Some(Duration::from_secs(30)))?;
+    writeln!(s, "{}", req.line())?;
+    let mut answer = String::new();
+    // A `list` answer names every tunnel of the pool on one line.
+    BufReader::new(io::Read::take(s, 64 * 1024)).read_line(&mut answer)?;
+    let answer = answer.trim_end();
+    Ok(match answer.strip_prefix("ok") {
+        Some(detail) => Ok(detail.trim_start().to_string()),
+        None => Err(answer.strip_prefix("error: ").unwrap_or(answer).to_string()),
+    })
+}
+
+/// A pool's control socket, removed when it drops.
+pub struct Control {
+    listener: UnixListener,
+    path: PathBuf,
+    inode: u64,
+}
+
+impl Control {
+    /// Binds pool `name`'s control socket; AddrInUse when a live pool already answers
+    /// there (join it instead). A socket nobody answers on is stale and replaced.
+    pub fn bind(name: &str) -> io::Result<Control> {
+        std::fs::create_dir_all(crate::listener::SOCKET_DIR)?;
+        let path = control_path(name)?;
+        if path.exists() {
+            if UnixStream::connect(&path).is_ok() {
+                return Err(io::Error::new(
+                    io::ErrorKind::AddrInUse,
+                    format!("pool '{name}' is already served"),
+                ));
+            }
+            std::fs::remove_file(&path)?;
+        }
+        // SAFETY: umask only changes this process's file-creation mask, set around bind
+        // so the socket never exists with looser permissions.
+        let old = unsafe { libc::umask(0o077) };
+        let bound = UnixListener::bind(&path);
+        // SAFETY: as above, restoring the previous mask.
+        unsafe { libc::umask(old) };
+        let listener = bound?;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
+        listener.set_nonblocking(true)?;
+        let inode = std::fs::metadata(&path)?.ino();
+        Ok(Control {
+            listener,
+            path,
+            inode,
+        })
+    }
+
+    pub fn fd(&self) -> RawFd {
+        self.listener.as_raw_fd()
+    }
+
+    /// Accepts one waiting connection.
+    pub fn accept(&self) -> Option<UnixStream> {
+        let (s, _) = self.listener.accept().ok()?;
+        s.set_nonblocking(false).ok()?;
+        s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+        Some(s)
+    }
+}
+
+impl Drop for Control {
+    fn drop(&mut self) {
+        if std::fs::symlink_metadata(&self.path).is_ok_and(|m| m.ino() == self.inode) {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+/// Reads one request from a control connection and writes `handle`'s answer.
+pub fn serve(stream: UnixStream, handle: impl FnOnce(Request) -> Result<String, String>) {
+    let mut line = String::new();
+    let mut reader = BufReader::new(io::Read::take(&stream, MAX_LINE as u64));
+    let answer = match reader.read_line(&mut line) {
+        Ok(_) if line.ends_with('\n') => Request::parse(line.trim_end()).and_then(handle),
+        _ => Err("request line missing, too long or unterminated".into()),
+    };
+    let mut w = &stream;
+    let _ = match answer {
+        Ok(detail) if detail.is_empty() => writeln!(w, "ok"),
+        Ok(detail) => writeln!(w, "ok {detail}"),
+        Err(e) => writeln!(w, "error: {e}"),
+    };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_and_names() {
+        assert_eq!(Request::parse("add wg0"), Ok(Request::Add("wg0".into())));
+        assert_eq!(
+            Request::parse("remove wg0"),
+            Ok(Request::Remove("wg0".into()))
+        );
+        assert_eq!(Request::parse("list"), Ok(Request::List));
+        assert!(Request::parse("frob wg0").is_err());
+        assert!(Request::parse("").is_err());
+        assert!(validate_name("gateway_1").is_ok());
+        for bad in ["", "a/b", "with space", &"x".repeat(33)] {
+            assert!(validate_name(bad).is_err(), "{bad}");
+        }
+    }
+}
