@@ -176,12 +176,20 @@ fn control(pool_name: &str, req: Request) -> ExitCode {
     }
 }
 
-/// Asks the running pool to add each interface.
+/// Asks the running pool to add each interface; all or none: when one is refused,
+/// those this request added are removed again.
 fn join(pool_name: &str, ifnames: &[String]) -> Result<(), String> {
     let path = pool::control_path(pool_name).map_err(|e| e.to_string())?;
-    for n in ifnames {
-        pool::ask(&path, &Request::Add(n.clone()))
-            .map_err(|e| format!("pool '{pool_name}' did not answer: {e}"))??;
+    for (i, n) in ifnames.iter().enumerate() {
+        let answer = pool::ask(&path, &Request::Add(n.clone()))
+            .map_err(|e| format!("pool '{pool_name}' did not answer: {e}"))
+            .and_then(|a| a);
+        if let Err(e) = answer {
+            for added in &ifnames[..i] {
+                let _ = pool::ask(&path, &Request::Remove(added.clone()));
+            }
+            return Err(e);
+        }
         tracing::info!(interface = %n, pool = pool_name, "joined the pool");
     }
     Ok(())

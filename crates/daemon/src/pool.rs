@@ -165,6 +165,11 @@ pub fn serve(stream: UnixStream, handle: impl FnOnce(Request) -> Result<String, 
         Ok(detail) => writeln!(w, "ok {detail}"),
         Err(e) => writeln!(w, "error: {e}"),
     };
+    // Closing with unread input would reset the connection and could discard the
+    // answer before the client reads it: read what is left (bounded, and under the
+    // connection's read timeout) first.
+    let _ = stream.shutdown(std::net::Shutdown::Write);
+    let _ = io::copy(&mut io::Read::take(&stream, 64 * 1024), &mut io::sink());
 }
 
 #[cfg(test)]

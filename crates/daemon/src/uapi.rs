@@ -183,6 +183,7 @@ pub fn format_stats(dev: &Interface, rt: &Runtime) -> String {
     let _ = writeln!(out, "peers={}", table.by_id.len());
     let _ = writeln!(out, "staged_max={}", staged_max.unwrap_or(0));
     drop(table);
+    let _ = writeln!(out, "queued_items={}", rt.queued_for(dev));
     let _ = writeln!(out, "model={}", rt.model());
     let _ = writeln!(out, "workers={}", rt.workers());
     for t in rt.thread_stats() {

@@ -255,6 +255,19 @@ pub struct Daemon {
 }
 
 impl Daemon {
+    /// A handle on another interface served by this daemon's process; dropping it
+    /// leaves the process and the interface as they are.
+    pub fn sharing(&self, ifname: &str) -> Daemon {
+        Daemon {
+            pid: self.pid,
+            child: None,
+            ifname: ifname.to_string(),
+            which: self.which,
+            ns: self.ns.clone(),
+            log: self.log.clone(),
+        }
+    }
+
     /// Sends SIGTERM and waits up to `timeout` for the exit, then kills; the exit
     /// status if it exited on its own.
     pub fn terminate(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
@@ -281,6 +294,10 @@ impl Daemon {
 
 impl Drop for Daemon {
     fn drop(&mut self) {
+        // Only the handle that owns the process cleans up; `sharing` handles do not.
+        if self.child.is_none() {
+            return;
+        }
         self.terminate(Duration::from_secs(3));
         let _ = std::fs::remove_file(format!("/var/run/wireguard/{}.sock", self.ifname));
         let _ = std::fs::remove_file(&self.log);
@@ -294,14 +311,25 @@ pub fn start_many(which: Impl, ns: &Netns, n: usize) -> Result<Vec<Daemon>> {
         return Ok(vec![start(which, ns)?]);
     }
     let names: Vec<String> = (0..n).map(|_| unique("lw")).collect();
+    start_wirelane(which, ns, &names, &[])
+}
+
+/// Starts one wirelane process (in the foreground, as the lab's child) in `ns`,
+/// serving interfaces `names`, with `extra` arguments.
+pub fn start_wirelane(
+    which: Impl,
+    ns: &Netns,
+    names: &[String],
+    extra: &[&str],
+) -> Result<Vec<Daemon>> {
     let log = std::env::temp_dir().join(format!("{}.log", names[0]));
     let mut cmd = ns.command(which.program()?.to_str().ok_or("non-UTF-8 path")?);
-    cmd.arg("-f");
+    cmd.arg("-f").args(extra);
     if let Impl::Wirelane(Flavor { model: Some(m), .. }) = which {
         cmd.args(["--model", m.name()]);
     }
     let child = cmd
-        .args(&names)
+        .args(names)
         .env("LOG_LEVEL", "error")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -316,16 +344,10 @@ pub fn start_many(which: Impl, ns: &Netns, n: usize) -> Result<Vec<Daemon>> {
         ns: ns.name.clone(),
         log,
     };
-    wait_for_socket(&mut owner, &names)?;
+    wait_for_socket(&mut owner, names)?;
+    let others: Vec<Daemon> = names[1..].iter().map(|n| owner.sharing(n)).collect();
     let mut all = vec![owner];
-    all.extend(names[1..].iter().map(|name| Daemon {
-        pid: Some(pid),
-        child: None,
-        ifname: name.clone(),
-        which,
-        ns: ns.name.clone(),
-        log: std::env::temp_dir().join(format!("{name}.log")),
-    }));
+    all.extend(others);
     Ok(all)
 }
 

@@ -214,6 +214,17 @@ pub fn markdown(records: &[RunRecord], baseline: &str, impl_order: &[String]) ->
                             at(udp_receiver_drops)
                         )
                     }),
+                    crate::matrix::Cell::Tcp { tunnels, .. } if tunnels > 1 => {
+                        summary_of(runs, retrans).map(|s| {
+                            let jain = summary_of(runs, |r| r.jain_fairness()).map_or(0.0, |j| j.median);
+                            let threads = summary_of(runs, |r| Some(r.daemon_threads as f64))
+                                .map_or(0.0, |t| t.median);
+                            format!(
+                                "{:.0} retr, Jain {jain:.3} over {tunnels} tunnels, {threads:.0} daemon threads",
+                                s.median
+                            )
+                        })
+                    }
                     _ => summary_of(runs, retrans).map(|s| format!("{:.0} retr", s.median)),
                 }
                 .unwrap_or_default();
@@ -276,7 +287,8 @@ fn receiver_sigs(r: &RunRecord) -> Option<crate::signatures::Signatures> {
             }
         }
     }
-    Some(sum)
+    // A build without the counters (an older wirelane) reports no serial invocations.
+    (sum.invocations > 0).then_some(sum)
 }
 
 /// Header of the signature table.
