@@ -4,15 +4,17 @@
 //! the interface (as wireguard-go does).
 
 use crate::uapi;
+use std::collections::HashMap;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use wirelane_dataplane::{Interface, Runtime};
+use wirelane_io::poll::Waker;
 
 pub const SOCKET_DIR: &str = "/var/run/wireguard";
 /// Connections served at once, over every interface.
@@ -118,18 +120,16 @@ impl UapiListener {
         self.listener.as_raw_fd()
     }
 
-    /// Accepts one waiting connection (the listener is non-blocking).
-    pub fn accept(&self) -> Option<UnixStream> {
+    /// Accepts one waiting connection (the listener is non-blocking): None when none
+    /// waits, an error when accepting failed (out of descriptors, say).
+    pub fn accept(&self) -> io::Result<Option<UnixStream>> {
         match self.listener.accept() {
             Ok((s, _)) => {
-                let _ = s.set_nonblocking(false);
-                Some(s)
+                s.set_nonblocking(false)?;
+                Ok(Some(s))
             }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => None,
-            Err(e) => {
-                tracing::warn!(error = %e, "UAPI accept failed");
-                None
-            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
+            Err(e) => Err(e),
         }
     }
 
@@ -138,6 +138,13 @@ impl UapiListener {
         if std::fs::symlink_metadata(&self.path).is_ok_and(|m| m.ino() == self.inode) {
             let _ = std::fs::remove_file(&self.path);
         }
+    }
+}
+
+impl Drop for UapiListener {
+    // A listener that goes (on any path, failed start-up included) takes its file.
+    fn drop(&mut self) {
+        self.remove();
     }
 }
 
@@ -160,7 +167,7 @@ fn watch_path(path: &Path) -> io::Result<OwnedFd> {
 }
 
 /// Connections served at once over every interface; more wait in the listen backlog
-/// until one ends.
+/// until one ends (the main loop stops polling the listeners meanwhile).
 static CLIENTS: AtomicUsize = AtomicUsize::new(0);
 
 /// Whether another connection may be served now.
@@ -168,18 +175,72 @@ pub fn room_for_client() -> bool {
     CLIENTS.load(Ordering::Acquire) < MAX_CLIENTS
 }
 
-/// Serves one UAPI connection for `dev` on a short-lived thread of its own.
-pub fn spawn_connection(stream: UnixStream, dev: Arc<Interface>, rt: Arc<Runtime>) {
+/// The UAPI connections open on one tunnel, so that removing the tunnel ends them:
+/// a connection holds the interface, and with it the TUN and the UDP port, until it
+/// ends (its idle timeout is 30 s).
+#[derive(Default, Clone)]
+pub struct Connections(Arc<Mutex<(u64, HashMap<u64, UnixStream>)>>);
+
+impl Connections {
+    fn lock(&self) -> std::sync::MutexGuard<'_, (u64, HashMap<u64, UnixStream>)> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Shuts every open connection down both ways: its reads end, its thread returns.
+    pub fn shutdown_all(&self) {
+        for s in self.lock().1.values() {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+    }
+}
+
+/// Counts a connection from its start to its thread's end, even if serving it panics,
+/// and tells the main loop when it ends (it may be waiting for room).
+struct Served {
+    conns: Connections,
+    id: u64,
+    ended: Arc<Waker>,
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        self.conns.lock().1.remove(&self.id);
+        CLIENTS.fetch_sub(1, Ordering::AcqRel);
+        self.ended.wake();
+    }
+}
+
+/// Serves one UAPI connection for `dev` on a short-lived thread of its own, tracked
+/// in `conns`; `ended` is woken when it ends.
+pub fn spawn_connection(
+    stream: UnixStream,
+    dev: Arc<Interface>,
+    rt: Arc<Runtime>,
+    conns: &Connections,
+    ended: &Arc<Waker>,
+) {
+    let Ok(handle) = stream.try_clone() else {
+        return; // Out of descriptors: the connection is closed unanswered.
+    };
     CLIENTS.fetch_add(1, Ordering::AcqRel);
-    let spawned = std::thread::Builder::new()
+    let served = {
+        let mut c = conns.lock();
+        c.0 += 1;
+        let id = c.0;
+        c.1.insert(id, handle);
+        Served {
+            conns: conns.clone(),
+            id,
+            ended: ended.clone(),
+        }
+    };
+    // If the thread cannot start, the closure (and `served`) drops here, undoing the count.
+    let _ = std::thread::Builder::new()
         .name("wl-uapi-conn".into())
         .spawn(move || {
+            let _served = served;
             if let Err(e) = uapi::serve_connection(stream, &dev, &rt) {
                 tracing::debug!(error = %e, "UAPI connection ended with an error");
             }
-            CLIENTS.fetch_sub(1, Ordering::AcqRel);
         });
-    if spawned.is_err() {
-        CLIENTS.fetch_sub(1, Ordering::AcqRel);
-    }
 }

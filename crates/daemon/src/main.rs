@@ -176,37 +176,85 @@ fn control(pool_name: &str, req: Request) -> ExitCode {
     }
 }
 
+/// How a request to join a running pool ended.
+enum Joined {
+    Done,
+    /// No pool took the request: it exited, or is exiting, meanwhile.
+    PoolGone,
+}
+
 /// Asks the running pool to add each interface; all or none: when one is refused,
 /// those this request added are removed again.
-fn join(pool_name: &str, ifnames: &[String]) -> Result<(), String> {
+fn join(pool_name: &str, ifnames: &[String]) -> Result<Joined, String> {
     let path = pool::control_path(pool_name).map_err(|e| e.to_string())?;
     for (i, n) in ifnames.iter().enumerate() {
-        let answer = pool::ask(&path, &Request::Add(n.clone()))
-            .map_err(|e| format!("pool '{pool_name}' did not answer: {e}"))
-            .and_then(|a| a);
-        if let Err(e) = answer {
-            for added in &ifnames[..i] {
-                let _ = pool::ask(&path, &Request::Remove(added.clone()));
+        let refused = match pool::ask(&path, &Request::Add(n.clone())) {
+            Ok(Ok(_)) => {
+                tracing::info!(interface = %n, pool = pool_name, "joined the pool");
+                continue;
             }
-            return Err(e);
+            Err(_) if i == 0 => return Ok(Joined::PoolGone),
+            Ok(Err(e)) if i == 0 && e == pool::CLOSING => return Ok(Joined::PoolGone),
+            Ok(Err(e)) => e,
+            // Unanswered (a timeout): the pool may still add it, so it is removed too.
+            Err(e) => format!("pool '{pool_name}' did not answer: {e}"),
+        };
+        let upto = if refused.starts_with("pool '") {
+            i + 1
+        } else {
+            i
+        };
+        for added in &ifnames[..upto] {
+            let _ = pool::ask(&path, &Request::Remove(added.clone()));
         }
-        tracing::info!(interface = %n, pool = pool_name, "joined the pool");
+        return Err(refused);
     }
-    Ok(())
+    Ok(Joined::Done)
+}
+
+/// Options that only a pool's first process applies.
+fn warn_ignored_on_join(cli: &Cli, pool_name: &str) {
+    if cli.model != Model::Workqueue || cli.workers.is_some() || cli.no_offloads || cli.stay {
+        tracing::warn!(
+            pool = pool_name,
+            "--model, --workers, --no-offloads and --stay apply when a process starts a \
+             pool; the running pool keeps its own"
+        );
+    }
+}
+
+/// Becomes pool `name` (its control socket), or joins it if a live pool answers there;
+/// None once joined. A pool exiting as we ask (its last tunnel just went) refuses,
+/// and a moment later its socket is gone and this process becomes the pool.
+fn bind_or_join(cli: &Cli, name: &str) -> Result<Option<Control>, String> {
+    for _ in 0..50 {
+        match Control::bind(name) {
+            Ok(c) => return Ok(Some(c)),
+            Err(e) if e.kind() == io::ErrorKind::AddrInUse => {
+                if let Joined::Done = join(name, &cli.ifnames)? {
+                    warn_ignored_on_join(cli, name);
+                    return Ok(None);
+                }
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            Err(e) => return Err(format!("cannot create pool '{name}': {e}")),
+        }
+    }
+    Err(format!(
+        "pool '{name}' is exiting and its control socket did not go"
+    ))
 }
 
 fn run(cli: &Cli, readiness: &mut daemonize::Readiness) -> Result<(), String> {
     let sig = signal_fd().map_err(|e| format!("cannot set up signal handling: {e}"))?;
     // A pool's control socket first: if a live pool answers there, join it instead.
     let control = match &cli.pool {
-        Some(p) => match Control::bind(p) {
-            Ok(c) => Some(c),
-            Err(e) if e.kind() == io::ErrorKind::AddrInUse => {
-                join(p, &cli.ifnames)?;
+        Some(p) => match bind_or_join(cli, p)? {
+            Some(c) => Some(c),
+            None => {
                 readiness.ready();
                 return Ok(());
             }
-            Err(e) => return Err(format!("cannot create pool '{p}': {e}")),
         },
         None => None,
     };
@@ -214,16 +262,8 @@ fn run(cli: &Cli, readiness: &mut daemonize::Readiness) -> Result<(), String> {
     // the rtnetlink monitor that hears every namespace.
     let mut opened: Vec<(String, Tunnel)> = Vec::new();
     for n in &cli.ifnames {
-        match open_tunnel(n, !cli.no_offloads) {
-            Ok(t) => opened.push((n.clone(), t)),
-            Err(e) => {
-                // Undo what was made: the sockets go, and the interfaces with them.
-                for (_, t) in &opened {
-                    t.uapi.remove();
-                }
-                return Err(e);
-            }
-        }
+        // On failure, what was opened drops: its sockets go, and its interfaces.
+        opened.push((n.clone(), open_tunnel(n, !cli.no_offloads)?));
     }
     let monitor = Monitor::open()
         .inspect_err(|e| tracing::warn!(error = %e, "no rtnetlink notifications"))

@@ -24,6 +24,9 @@ use std::time::Duration;
 pub const POOL_ENV: &str = "WIRELANE_POOL";
 /// Longest request line.
 const MAX_LINE: usize = 256;
+/// A pool's refusal while it is on its way out (its last tunnel went): the requester
+/// starts a pool of its own instead.
+pub const CLOSING: &str = "the pool is shutting down";
 
 /// Checks a pool name: 1 to 32 letters, digits, '-' or '_'.
 pub fn validate_name(name: &str) -> Result<(), String> {
@@ -85,10 +88,33 @@ pub fn ask(path: &PathBuf, req: &Request) -> io::Result<Result<String, String>> 
     // A `list` answer names every tunnel of the pool on one line.
     BufReader::new(io::Read::take(s, 64 * 1024)).read_line(&mut answer)?;
     let answer = answer.trim_end();
+    if answer.is_empty() {
+        // Closed unanswered: the pool exited while the request waited.
+        return Err(io::Error::new(
+            io::ErrorKind::ConnectionAborted,
+            "the pool closed the connection without answering",
+        ));
+    }
     Ok(match answer.strip_prefix("ok") {
         Some(detail) => Ok(detail.trim_start().to_string()),
         None => Err(answer.strip_prefix("error: ").unwrap_or(answer).to_string()),
     })
+}
+
+/// Opens `path` (mode 0600) and holds an exclusive `flock` on it until it drops.
+fn lock_file(path: &std::path::Path) -> io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .mode(0o600)
+        .open(path)?;
+    // SAFETY: flock on a descriptor we own; the lock goes when the file closes.
+    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(f)
 }
 
 /// A pool's control socket, removed when it drops.
@@ -104,6 +130,11 @@ impl Control {
     pub fn bind(name: &str) -> io::Result<Control> {
         std::fs::create_dir_all(crate::listener::SOCKET_DIR)?;
         let path = control_path(name)?;
+        // Race: two processes starting pool `name` at once (after a crash left a stale
+        // socket) could each find it dead, and the second unlink the first's new
+        // socket. Checking, unlinking and binding under an exclusive lock on a file
+        // beside it makes the second find the first's socket alive.
+        let _lock = lock_file(&path.with_extension("lock"))?;
         if path.exists() {
             if UnixStream::connect(&path).is_ok() {
                 return Err(io::Error::new(
@@ -134,12 +165,17 @@ impl Control {
         self.listener.as_raw_fd()
     }
 
-    /// Accepts one waiting connection.
-    pub fn accept(&self) -> Option<UnixStream> {
-        let (s, _) = self.listener.accept().ok()?;
-        s.set_nonblocking(false).ok()?;
-        s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-        Some(s)
+    /// Accepts one waiting connection: None when none waits, an error when accepting
+    /// failed (out of descriptors, say).
+    pub fn accept(&self) -> io::Result<Option<UnixStream>> {
+        let s = match self.listener.accept() {
+            Ok((s, _)) => s,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        s.set_nonblocking(false)?;
+        s.set_read_timeout(Some(Duration::from_secs(5)))?;
+        Ok(Some(s))
     }
 }
 

@@ -8,22 +8,31 @@
 //! A tunnel going takes nothing else with it. The process ends with its last tunnel,
 //! unless told to stay.
 //!
-//! Lock order: `tunnels` is the only lock here; creating a tunnel (an interface and
-//! its sockets) happens under it, so two requests for one name cannot both succeed.
+//! Lock order: `state` is the only lock here, and nothing slow runs under it. A pool's
+//! `add` reserves the name under the lock (`pending`), creates the tunnel outside it,
+//! and serves it under the lock again; so two requests for one name cannot both
+//! succeed, and the loop and every other tunnel's UAPI carry on meanwhile.
+//!
+//! Race: the loop decides to stop (no tunnel, none pending) under the lock and marks
+//! the state `closing` there; an `add` that finds it closing refuses with
+//! [`pool::CLOSING`], and its requester starts a pool of its own instead. So no
+//! tunnel is ever added to a process that is on its way out.
 
-use crate::listener::{self, UapiListener};
-use crate::pool::{Control, Request};
-use std::collections::BTreeMap;
+use crate::listener::{self, Connections, UapiListener};
+use crate::pool::{self, Control, Request};
+use std::collections::{BTreeMap, BTreeSet};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 use wirelane_dataplane::{Interface, Runtime, Sockets};
 use wirelane_io::poll::Waker;
 use wirelane_io::tun::Tun;
 
-/// One tunnel: its interface and its UAPI socket.
+/// One tunnel: its interface, its UAPI socket and the connections open on it.
 pub struct Tunnel {
     pub iface: Arc<Interface>,
     pub uapi: UapiListener,
+    conns: Connections,
 }
 
 /// Creates the interface, sockets and UAPI socket of tunnel `ifname`, refusing a name
@@ -39,7 +48,11 @@ pub fn open_tunnel(ifname: &str, offloads: bool) -> Result<Tunnel, String> {
         .map_err(|e| format!("{ifname}: cannot create the interface: {e}"))?;
     let uapi = UapiListener::bind(ifname)
         .map_err(|e| format!("{ifname}: cannot create UAPI socket: {e}"))?;
-    Ok(Tunnel { iface, uapi })
+    Ok(Tunnel {
+        iface,
+        uapi,
+        conns: Connections::default(),
+    })
 }
 
 /// Why the daemon stops.
@@ -49,34 +62,52 @@ pub enum Stop {
     LastTunnelGone,
 }
 
+#[derive(Default)]
+struct State {
+    tunnels: BTreeMap<String, Tunnel>,
+    /// Names a pool request is creating now, outside the lock.
+    pending: BTreeSet<String>,
+    /// The loop has decided to stop: nothing more is added.
+    closing: bool,
+}
+
 pub struct Supervisor {
     runtime: Arc<Runtime>,
-    tunnels: Mutex<BTreeMap<String, Tunnel>>,
-    /// Signalled when the set of tunnels changes, so the loop polls the new set.
-    changed: Waker,
+    state: Mutex<State>,
+    /// Signalled when the set of tunnels changes or a UAPI connection ends, so the
+    /// loop polls the new set (and the listeners again once there is room).
+    changed: Arc<Waker>,
     offloads: bool,
     stay: bool,
 }
+
+/// How long the loop leaves a listener alone after accepting on it failed for a
+/// reason other than an empty backlog (out of descriptors): it stays readable, and
+/// polling it at once again would spin.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
 impl Supervisor {
     pub fn new(runtime: Arc<Runtime>, offloads: bool, stay: bool) -> std::io::Result<Supervisor> {
         Ok(Supervisor {
             runtime,
-            tunnels: Mutex::default(),
-            changed: Waker::new()?,
+            state: Mutex::default(),
+            changed: Arc::new(Waker::new()?),
             offloads,
             stay,
         })
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Tunnel>> {
-        self.tunnels.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Starts serving a tunnel opened by [`open_tunnel`].
     pub fn serve(&self, ifname: &str, t: Tunnel) -> Result<(), String> {
-        let mut tunnels = self.lock();
-        if tunnels.contains_key(ifname) {
+        let mut st = self.lock();
+        if st.closing {
+            return Err(pool::CLOSING.into());
+        }
+        if st.tunnels.contains_key(ifname) {
             return Err(format!("{ifname} is already served by this process"));
         }
         self.runtime
@@ -85,10 +116,10 @@ impl Supervisor {
         tracing::info!(
             interface = ifname,
             port = t.iface.sockets().port,
-            tunnels = tunnels.len() + 1,
+            tunnels = st.tunnels.len() + 1,
             "tunnel up"
         );
-        tunnels.insert(ifname.to_string(), t);
+        st.tunnels.insert(ifname.to_string(), t);
         self.changed.wake();
         Ok(())
     }
@@ -96,33 +127,55 @@ impl Supervisor {
     /// Opens and serves a new tunnel (a pool's `add`).
     pub fn add(&self, ifname: &str) -> Result<(), String> {
         crate::parse_ifname(ifname)?;
-        // Under the lock: a second request for the same name waits, then finds it.
-        let tunnels = self.lock();
-        if tunnels.contains_key(ifname) {
-            return Err(format!("{ifname} is already served by this pool"));
+        {
+            let mut st = self.lock();
+            if st.closing {
+                return Err(pool::CLOSING.into());
+            }
+            if st.tunnels.contains_key(ifname) {
+                return Err(format!("{ifname} is already served by this pool"));
+            }
+            if !st.pending.insert(ifname.to_string()) {
+                return Err(format!("{ifname} is being added to this pool already"));
+            }
         }
-        let t = open_tunnel(ifname, self.offloads)?;
-        drop(tunnels);
-        self.serve(ifname, t)
+        let opened = open_tunnel(ifname, self.offloads);
+        self.lock().pending.remove(ifname);
+        // The loop may have been waiting for this request to end before it decides.
+        self.changed.wake();
+        // A tunnel that is not served drops here, and its socket and TUN with it.
+        self.serve(ifname, opened?)
     }
 
     /// Stops serving tunnel `ifname`: its UAPI socket goes first (a new daemon may
-    /// take the name at once), then its readers; queued work finds it gone.
+    /// take the name at once), then its open UAPI connections and its readers; queued
+    /// work finds it gone.
     pub fn remove(&self, ifname: &str, why: &str) -> Result<(), String> {
         let t = self
             .lock()
+            .tunnels
             .remove(ifname)
             .ok_or_else(|| format!("no tunnel {ifname} in this process"))?;
+        self.retire(ifname, t, why);
+        Ok(())
+    }
+
+    fn retire(&self, ifname: &str, t: Tunnel, why: &str) {
         t.uapi.remove();
+        t.conns.shutdown_all();
         self.runtime.unserve(&t.iface);
         tracing::info!(interface = ifname, reason = why, "tunnel down");
         tracing::debug!(interface = ifname, stats = ?t.iface.stats.fields(), "final counters");
         self.changed.wake();
-        Ok(())
     }
 
     fn list(&self) -> String {
-        self.lock().keys().cloned().collect::<Vec<_>>().join(" ")
+        self.lock()
+            .tunnels
+            .keys()
+            .cloned()
+            .collect::<Vec<_>>()
+            .join(" ")
     }
 
     fn handle(&self, req: Request) -> Result<String, String> {
@@ -137,20 +190,36 @@ impl Supervisor {
 
     /// Serves until a signal, or until the last tunnel is gone (unless told to stay).
     pub fn run(self: &Arc<Self>, sig: &OwnedFd, control: Option<&Control>) -> Stop {
+        let mut backoff_until: Option<std::time::Instant> = None;
         loop {
             // The poll set: [signal, changed, control?, per tunnel: uapi, watch, waker].
-            let names: Vec<String>;
+            // A listener is left out (fd -1) while the connections are at their bound
+            // or accepting failed a moment ago: it would stay readable and spin us.
+            let now = std::time::Instant::now();
+            let backing_off = backoff_until.is_some_and(|t| now < t);
+            let accepting = listener::room_for_client() && !backing_off;
+            let off = |fd: RawFd, on: bool| if on { fd } else { -1 };
+            let snapshot: Vec<(String, u32)>;
             let mut fds: Vec<RawFd> = vec![sig.as_raw_fd(), self.changed.fd()];
-            fds.extend(control.map(Control::fd));
+            fds.extend(control.map(|c| off(c.fd(), !backing_off)));
             let fixed = fds.len();
             {
-                let tunnels = self.lock();
-                if tunnels.is_empty() && !self.stay {
+                let mut st = self.lock();
+                if st.tunnels.is_empty() && st.pending.is_empty() && !self.stay {
+                    st.closing = true;
                     return Stop::LastTunnelGone;
                 }
-                names = tunnels.keys().cloned().collect();
-                for t in tunnels.values() {
-                    fds.extend([t.uapi.fd(), t.uapi.watch_fd(), t.iface.waker.fd()]);
+                snapshot = st
+                    .tunnels
+                    .iter()
+                    .map(|(n, t)| (n.clone(), t.iface.id))
+                    .collect();
+                for t in st.tunnels.values() {
+                    fds.extend([
+                        off(t.uapi.fd(), accepting),
+                        t.uapi.watch_fd(),
+                        t.iface.waker.fd(),
+                    ]);
                 }
             }
             let mut pfds: Vec<libc::pollfd> = fds
@@ -161,13 +230,25 @@ impl Supervisor {
                     revents: 0,
                 })
                 .collect();
+            let timeout = backoff_until.map_or(-1, |t| {
+                t.saturating_duration_since(now).as_millis() as i32 + 1
+            });
             // SAFETY: pfds is a valid array of pollfds for the call's duration.
-            let r = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as _, -1) };
+            let r = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as _, timeout) };
             if r < 0 {
-                continue; // EINTR
+                let e = std::io::Error::last_os_error();
+                if e.raw_os_error() != Some(libc::EINTR) {
+                    tracing::warn!(error = %e, "the main loop's poll failed");
+                    std::thread::sleep(ACCEPT_BACKOFF);
+                }
+                continue;
+            }
+            if !backing_off {
+                backoff_until = None;
             }
             if pfds[0].revents != 0 {
                 if let Some(signo) = read_signal(sig) {
+                    self.lock().closing = true;
                     return Stop::Signal(signo);
                 }
             }
@@ -175,59 +256,87 @@ impl Supervisor {
                 drain_eventfd(self.changed.fd());
             }
             if control.is_some() && pfds[2].revents != 0 {
-                if let Some(stream) = control.and_then(Control::accept) {
-                    let me = self.clone();
-                    let spawned = std::thread::Builder::new()
-                        .name("wl-pool-ctl".into())
-                        .spawn(move || crate::pool::serve(stream, |req| me.handle(req)));
-                    if let Err(e) = spawned {
-                        tracing::warn!(error = %e, "cannot serve a pool request");
+                match control.map(Control::accept) {
+                    Some(Ok(Some(stream))) => {
+                        let me = self.clone();
+                        let spawned = std::thread::Builder::new()
+                            .name("wl-pool-ctl".into())
+                            .spawn(move || pool::serve(stream, |req| me.handle(req)));
+                        if let Err(e) = spawned {
+                            tracing::warn!(error = %e, "cannot serve a pool request");
+                        }
                     }
+                    Some(Err(e)) => {
+                        tracing::warn!(error = %e, "pool control accept failed");
+                        backoff_until = Some(now + ACCEPT_BACKOFF);
+                    }
+                    _ => {}
                 }
             }
-            for (i, name) in names.iter().enumerate() {
+            for (i, (name, id)) in snapshot.iter().enumerate() {
                 let [uapi, watch, waker] = [0, 1, 2].map(|k| pfds[fixed + 3 * i + k].revents != 0);
-                if uapi {
-                    self.accept_uapi(name);
+                if uapi && !self.accept_uapi(name, *id) {
+                    backoff_until = Some(now + ACCEPT_BACKOFF);
                 }
-                if watch && self.socket_removed(name) {
-                    let _ = self.remove(name, "its UAPI socket was removed");
-                } else if waker {
-                    let why = self.failure(name);
-                    let _ = self.remove(name, &why);
+                if watch || waker {
+                    self.check(name, *id, watch);
                 }
             }
         }
     }
 
-    fn accept_uapi(&self, name: &str) {
-        if !listener::room_for_client() {
-            return; // they wait in the backlog
-        }
-        let tunnels = self.lock();
-        let Some(t) = tunnels.get(name) else { return };
-        if let Some(stream) = t.uapi.accept() {
-            listener::spawn_connection(stream, t.iface.clone(), self.runtime.clone());
+    /// Accepts a connection on tunnel `name` (if it is still the tunnel `id` the poll
+    /// saw); false when accepting failed for a reason other than an empty backlog.
+    fn accept_uapi(&self, name: &str, id: u32) -> bool {
+        let st = self.lock();
+        let Some(t) = st.tunnels.get(name).filter(|t| t.iface.id == id) else {
+            return true;
+        };
+        match t.uapi.accept() {
+            Ok(Some(stream)) => {
+                listener::spawn_connection(
+                    stream,
+                    t.iface.clone(),
+                    self.runtime.clone(),
+                    &t.conns,
+                    &self.changed,
+                );
+                true
+            }
+            Ok(None) => true,
+            Err(e) => {
+                tracing::warn!(interface = name, error = %e, "UAPI accept failed");
+                false
+            }
         }
     }
 
-    fn socket_removed(&self, name: &str) -> bool {
-        self.lock().get(name).is_some_and(|t| t.uapi.removed())
-    }
-
-    fn failure(&self, name: &str) -> String {
-        let tunnels = self.lock();
-        let f = tunnels
-            .get(name)
-            .and_then(|t| t.iface.fatal.lock().ok().and_then(|f| f.clone()));
-        f.unwrap_or_else(|| "stopped".into())
+    /// After an event on tunnel `name`'s socket watch or waker: removes it if its
+    /// socket is gone or it stopped, provided it is still the tunnel `id` the poll saw
+    /// (not a new one of the same name, added meanwhile).
+    fn check(&self, name: &str, id: u32, watch: bool) {
+        let mut st = self.lock();
+        let Some(t) = st.tunnels.get(name).filter(|t| t.iface.id == id) else {
+            return;
+        };
+        let why = if watch && t.uapi.removed() {
+            "its UAPI socket was removed".to_string()
+        } else if t.iface.stopping() {
+            let fatal = t.iface.fatal.lock().ok().and_then(|f| f.clone());
+            fatal.unwrap_or_else(|| "stopped".into())
+        } else {
+            return;
+        };
+        let t = st.tunnels.remove(name).expect("looked up above");
+        drop(st);
+        self.retire(name, t, &why);
     }
 
     /// Removes every tunnel (shutdown), sockets first.
     pub fn remove_all(&self) {
-        let names: Vec<String> = self.lock().keys().cloned().collect();
-        for n in names {
-            let _ = self.remove(&n, "shutting down");
+        let all = std::mem::take(&mut self.lock().tunnels);
+        for (n, t) in all {
+            self.retire(&n, t, "shutting down");
         }
     }
 }

@@ -235,6 +235,9 @@ pub fn serve_connection(stream: UnixStream, dev: &Arc<Interface>, rt: &Runtime) 
     let mut writer = io::BufWriter::new(stream);
     let mut buf = Vec::new();
     while let Some(op) = read_line(&mut reader, &mut buf)? {
+        if dev.stopping() {
+            return Ok(()); // The tunnel was removed while this connection waited.
+        }
         match op.as_str() {
             "get=1" => {
                 // The request ends with a blank line; anything else is a protocol error.

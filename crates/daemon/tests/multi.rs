@@ -240,9 +240,14 @@ fn tunnels_come_and_go_under_traffic_in_one_pool() {
         wait_until("traffic on tunnel 1", Duration::from_secs(30), || {
             sent_bytes(&a[0]) > tx0 + (256 << 10)
         });
+        // An idle UAPI connection must not keep the removed tunnel's interface alive.
+        let idle = UnixStream::connect(socket_path(&names[2])).unwrap();
         let o = wirelane(&pair.a, &["--pool", &pool, "--remove", &names[2]]);
         assert!(o.status.success(), "{o:?}");
-        assert!(!link_exists(&pair.a, &names[2]));
+        wait_until("the removed interface to go", Duration::from_secs(10), || {
+            !link_exists(&pair.a, &names[2])
+        });
+        drop(idle);
         assert!(!socket_path(&names[2]).exists());
 
         let added = unique("mt");
@@ -371,10 +376,32 @@ fn wg_quick_brings_two_tunnels_into_one_pool() {
         1 << 20,
         Duration::from_secs(30),
     );
-    // The last one down ends the process, and its pool with it.
+    // The last one down ends the process, and its pool with it; up again at once
+    // finds that pool on its way out and starts a new one.
+    let up_again = format!(
+        "wg-quick down {c} && WIRELANE_POOL={pool} WG_QUICK_USERSPACE_IMPLEMENTATION={bin} \
+         wg-quick up {c}",
+        c = confs[1].display()
+    );
+    pair.a.run_ok(&up_again);
+    wait_until("the old pool to exit", Duration::from_secs(10), || {
+        !alive(pid)
+    });
+    let second = uapi_owner(&names[1]);
+    guard.0 = Some(second);
+    assert_eq!(list(&pair.a, &pool), [names[1].clone()]);
+    tcp_transfer(
+        &pair.a,
+        &pair.b,
+        "10.81.1.2".parse().unwrap(),
+        1 << 20,
+        Duration::from_secs(30),
+    );
     pair.a
         .run_ok(&format!("wg-quick down {}", confs[1].display()));
-    wait_until("the pool to exit", Duration::from_secs(10), || !alive(pid));
+    wait_until("the pool to exit", Duration::from_secs(10), || {
+        !alive(second)
+    });
     assert!(!socket_path(&names[1]).exists());
     let o = wirelane(&pair.a, &["--pool", &pool, "--list"]);
     assert_eq!(o.status.code(), Some(1), "{o:?}");

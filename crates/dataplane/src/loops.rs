@@ -55,9 +55,14 @@ pub fn spawn_readers(
     let name = iface.tun.name();
     let mut threads = Vec::new();
     let (i, s) = (iface.clone(), sched.clone());
-    threads.push(registry.spawn(format!("wl-tun-{name}"), move || tun_reader(&i, &*s))?);
+    let mut spawned = registry
+        .spawn(format!("wl-tun-{name}"), move || tun_reader(&i, &*s))
+        .map(|h| threads.push(h));
     for role in SocketRole::ALL {
         for v6 in [false, true] {
+            if spawned.is_err() {
+                break;
+            }
             let (i, s) = (iface.clone(), sched.clone());
             let suffix = match role {
                 SocketRole::Data => "read",
@@ -65,8 +70,19 @@ pub fn spawn_readers(
                 SocketRole::Proof => "proof",
             };
             let thread = format!("wl-udp{}-{suffix}-{name}", if v6 { 6 } else { 4 });
-            threads.push(registry.spawn(thread, move || udp_reader(&i, &*s, v6, role))?);
+            spawned = registry
+                .spawn(thread, move || udp_reader(&i, &*s, v6, role))
+                .map(|h| threads.push(h));
         }
+    }
+    if let Err(e) = spawned {
+        // Half an interface must not run: stop the readers that did start, or they
+        // would hold its TUN and sockets for ever.
+        iface.stop();
+        for h in threads {
+            let _ = h.join();
+        }
+        return Err(e);
     }
     Ok(threads)
 }

@@ -104,6 +104,10 @@ enum Cmd {
         /// 1,024).
         #[arg(long, default_value_t = 64)]
         per_round: usize,
+        /// Fail if any round takes longer than this to drain once its last packet is
+        /// in (the watchdog of design.md §4), in milliseconds.
+        #[arg(long, default_value_t = 1000)]
+        watchdog_ms: u64,
     },
     /// Capture real traffic (outer datagrams at the relay, inner packets with their
     /// virtio-net header at the tunnel interface) as seed inputs for the fuzz targets.
@@ -478,6 +482,7 @@ fn wakeup(
     peers: usize,
     rounds: usize,
     per_round: usize,
+    watchdog: std::time::Duration,
 ) -> Result<()> {
     use wirelane_dataplane::memory::stress::{run, Stress};
     if !(1..=64).contains(&workers)
@@ -508,6 +513,14 @@ fn wakeup(
             o.slowest_drain.as_secs_f64() * 1e3,
             o.invocations
         );
+        if o.slowest_drain > watchdog {
+            return Err(format!(
+                "{model}: a round took {:.1} ms to drain, over the {} ms watchdog",
+                o.slowest_drain.as_secs_f64() * 1e3,
+                watchdog.as_millis()
+            )
+            .into());
+        }
     }
     Ok(())
 }
@@ -552,7 +565,15 @@ fn main() -> ExitCode {
             peers,
             rounds,
             per_round,
-        } => wakeup(models, *workers, *peers, *rounds, *per_round),
+            watchdog_ms,
+        } => wakeup(
+            models,
+            *workers,
+            *peers,
+            *rounds,
+            *per_round,
+            std::time::Duration::from_millis(*watchdog_ms),
+        ),
         Cmd::Capture {
             out,
             vectors,
