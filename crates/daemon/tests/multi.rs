@@ -244,9 +244,11 @@ fn tunnels_come_and_go_under_traffic_in_one_pool() {
         let idle = UnixStream::connect(socket_path(&names[2])).unwrap();
         let o = wirelane(&pair.a, &["--pool", &pool, "--remove", &names[2]]);
         assert!(o.status.success(), "{o:?}");
-        wait_until("the removed interface to go", Duration::from_secs(10), || {
-            !link_exists(&pair.a, &names[2])
-        });
+        wait_until(
+            "the removed interface to go",
+            Duration::from_secs(10),
+            || !link_exists(&pair.a, &names[2]),
+        );
         drop(idle);
         assert!(!socket_path(&names[2]).exists());
 
