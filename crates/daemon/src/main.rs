@@ -82,9 +82,10 @@ struct Cli {
     #[arg(long, conflicts_with = "ifnames")]
     list: bool,
 
-    /// Names of the interfaces to create, 1 to 15 characters each.
+    /// Names of the interfaces to create, 1 to 15 characters each (none: an empty
+    /// pool that stays, for tunnels to join; needs --pool and --stay).
     #[arg(value_name = "IFNAME", value_parser = parse_ifname,
-          required_unless_present_any = ["remove", "list"])]
+          required_unless_present_any = ["remove", "list", "stay"])]
     ifnames: Vec<String>,
 }
 
@@ -231,7 +232,15 @@ fn bind_or_join(cli: &Cli, name: &str) -> Result<Option<Control>, String> {
         match Control::bind(name) {
             Ok(c) => return Ok(Some(c)),
             Err(e) if e.kind() == io::ErrorKind::AddrInUse => {
-                if let Joined::Done = join(name, &cli.ifnames)? {
+                if cli.ifnames.is_empty() {
+                    // An empty pool to start: an error if a live one answers, a retry
+                    // if it is exiting.
+                    if let Ok(Ok(_)) =
+                        pool::control_path(name).and_then(|p| pool::ask(&p, &Request::List))
+                    {
+                        return Err(format!("pool '{name}' is already running here"));
+                    }
+                } else if let Joined::Done = join(name, &cli.ifnames)? {
                     warn_ignored_on_join(cli, name);
                     return Ok(None);
                 }

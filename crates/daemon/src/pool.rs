@@ -102,19 +102,29 @@ pub fn ask(path: &PathBuf, req: &Request) -> io::Result<Result<String, String>> 
 }
 
 /// Opens `path` (mode 0600) and holds an exclusive `flock` on it until it drops.
+///
+/// Race (removal): the pool removes its lock file on exit, under the lock. A process
+/// that opened the file before the removal and then waited in `flock` holds a lock on
+/// an unlinked inode, which excludes nobody; so once locked, the path must still name
+/// the locked inode, or the lock is taken again on whatever the path names now.
 fn lock_file(path: &std::path::Path) -> io::Result<std::fs::File> {
     use std::os::unix::fs::OpenOptionsExt;
-    let f = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .mode(0o600)
-        .open(path)?;
-    // SAFETY: flock on a descriptor we own; the lock goes when the file closes.
-    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } != 0 {
-        return Err(io::Error::last_os_error());
+    loop {
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .mode(0o600)
+            .open(path)?;
+        // SAFETY: flock on a descriptor we own; the lock goes when the file closes.
+        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let locked = f.metadata()?.ino();
+        if std::fs::symlink_metadata(path).is_ok_and(|m| m.ino() == locked) {
+            return Ok(f);
+        }
     }
-    Ok(f)
 }
 
 /// A pool's control socket, removed when it drops.
@@ -180,9 +190,16 @@ impl Control {
 }
 
 impl Drop for Control {
+    /// Removes the socket, if it is still ours, and the lock file beside it, both under
+    /// the lock (see [`lock_file`]), so that nothing of the pool is left behind.
     fn drop(&mut self) {
+        let lock_path = self.path.with_extension("lock");
+        let lock = lock_file(&lock_path);
         if std::fs::symlink_metadata(&self.path).is_ok_and(|m| m.ino() == self.inode) {
             let _ = std::fs::remove_file(&self.path);
+        }
+        if lock.is_ok() {
+            let _ = std::fs::remove_file(&lock_path);
         }
     }
 }

@@ -85,6 +85,8 @@ pub struct Supervisor {
 /// reason other than an empty backlog (out of descriptors): it stays readable, and
 /// polling it at once again would spin.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+/// Tunnels retired at once when the process stops (see `remove_all`).
+const RETIRE_PARALLEL: usize = 16;
 
 impl Supervisor {
     pub fn new(runtime: Arc<Runtime>, offloads: bool, stay: bool) -> std::io::Result<Supervisor> {
@@ -169,13 +171,14 @@ impl Supervisor {
         self.changed.wake();
     }
 
-    fn list(&self) -> String {
-        self.lock()
-            .tunnels
-            .keys()
-            .cloned()
-            .collect::<Vec<_>>()
-            .join(" ")
+    /// The pool's tunnels; a closing pool says so, so that a process starting a pool
+    /// of the same name waits for it rather than taking it for a live one.
+    fn list(&self) -> Result<String, String> {
+        let st = self.lock();
+        if st.closing {
+            return Err(pool::CLOSING.into());
+        }
+        Ok(st.tunnels.keys().cloned().collect::<Vec<_>>().join(" "))
     }
 
     fn handle(&self, req: Request) -> Result<String, String> {
@@ -184,7 +187,7 @@ impl Supervisor {
             Request::Remove(name) => self
                 .remove(&name, "removed on request")
                 .map(|_| String::new()),
-            Request::List => Ok(self.list()),
+            Request::List => self.list(),
         }
     }
 
@@ -335,9 +338,31 @@ impl Supervisor {
     /// Removes every tunnel (shutdown), sockets first.
     pub fn remove_all(&self) {
         let all = std::mem::take(&mut self.lock().tunnels);
-        for (n, t) in all {
-            self.retire(&n, t, "shutting down");
+        // Every UAPI socket first, so that a restart finds all the names free at once.
+        for t in all.values() {
+            t.uapi.remove();
         }
+        // Then the tunnels, several at a time: closing a TUN unregisters its device,
+        // which waits for RCU grace periods after the rtnl lock is released, about
+        // 25 ms each here; one after another, 16 tunnels took 0.4 s to go, in
+        // parallel 0.2–0.3 s. If no helper thread starts, this thread does them all.
+        let helpers = all.len().min(RETIRE_PARALLEL).saturating_sub(1);
+        let queue = Mutex::new(all.into_iter().collect::<Vec<_>>());
+        let drain = || loop {
+            let Some((n, t)) = queue.lock().unwrap_or_else(|p| p.into_inner()).pop() else {
+                break;
+            };
+            self.retire(&n, t, "shutting down");
+        };
+        std::thread::scope(|s| {
+            for _ in 0..helpers {
+                let helper = std::thread::Builder::new().name("wl-retire".into());
+                if helper.spawn_scoped(s, drain).is_err() {
+                    break;
+                }
+            }
+            drain();
+        });
     }
 }
 

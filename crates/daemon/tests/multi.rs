@@ -414,6 +414,80 @@ fn wg_quick_brings_two_tunnels_into_one_pool() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// A foreground child, killed and reaped when the test ends, however it ends.
+struct Reaped(std::process::Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A pool started empty (as a service unit would start it) stays up with no tunnel,
+/// takes tunnels that join and gives them back, and refuses a second empty start.
+#[test]
+fn an_empty_pool_stays_for_tunnels_to_join() {
+    require_root();
+    let ns = Netns::fresh();
+    let pool = unique("e");
+    let name = unique("me");
+    let mut child = Reaped(
+        Command::new("ip")
+            .args(["netns", "exec", &ns.name, env!("CARGO_BIN_EXE_wirelane")])
+            .args(["-f", "--pool", &pool, "--stay"])
+            .env("LOG_LEVEL", "error")
+            .spawn()
+            .unwrap(),
+    );
+    wait_until("the empty pool to answer", Duration::from_secs(10), || {
+        wirelane(&ns, &["--pool", &pool, "--list"]).status.success()
+    });
+    assert!(list(&ns, &pool).is_empty());
+
+    let o = wirelane(&ns, &["--pool", &pool, "-f", "--stay"]);
+    assert_eq!(o.status.code(), Some(1), "{o:?}");
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("already running"),
+        "{o:?}"
+    );
+    let o = wirelane(&ns, &["--pool", &pool]);
+    assert_eq!(
+        o.status.code(),
+        Some(2),
+        "no interface and no --stay: {o:?}"
+    );
+
+    let o = wirelane(&ns, &["--pool", &pool, &name]);
+    assert!(o.status.success(), "{o:?}");
+    assert_eq!(list(&ns, &pool), [name.clone()]);
+    assert_eq!(uapi_owner(&name), child.0.id());
+    let o = wirelane(&ns, &["--pool", &pool, "--remove", &name]);
+    assert!(o.status.success(), "{o:?}");
+    wait_until(
+        "the removed interface to go",
+        Duration::from_secs(10),
+        || !link_exists(&ns, &name),
+    );
+    assert!(list(&ns, &pool).is_empty());
+    assert!(child.0.try_wait().unwrap().is_none(), "the pool stays");
+
+    // SIGTERM ends it cleanly, control socket and all.
+    // SAFETY: kill has no memory preconditions.
+    unsafe { libc::kill(child.0.id() as i32, libc::SIGTERM) };
+    let status = child.0.wait().unwrap();
+    assert!(status.success(), "{status:?}");
+    assert!(!wirelane(&ns, &["--pool", &pool, "--list"]).status.success());
+    let prefix = format!("wirelane-pool-{pool}-");
+    let left: Vec<_> = std::fs::read_dir("/var/run/wireguard")
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+        .map(|e| e.path())
+        .collect();
+    assert!(left.is_empty(), "the pool left {left:?}");
+}
+
 #[test]
 fn bad_tunnel_requests_change_nothing() {
     require_root();
@@ -502,8 +576,8 @@ fn bad_tunnel_requests_change_nothing() {
         .map(|e| e.path())
         .find(|p| {
             p.file_name().is_some_and(|f| {
-                f.to_string_lossy()
-                    .starts_with(&format!("wirelane-pool-{pool}-"))
+                let f = f.to_string_lossy();
+                f.starts_with(&format!("wirelane-pool-{pool}-")) && f.ends_with(".ctl")
             })
         })
         .expect("the pool's control socket");

@@ -298,7 +298,9 @@ impl Drop for Daemon {
         if self.child.is_none() {
             return;
         }
-        self.terminate(Duration::from_secs(3));
+        // Generous: a process serving many tunnels unregisters each TUN as it goes,
+        // and a killed one leaves its sockets behind.
+        self.terminate(Duration::from_secs(10));
         let _ = std::fs::remove_file(format!("/var/run/wireguard/{}.sock", self.ifname));
         let _ = std::fs::remove_file(&self.log);
     }
