@@ -460,7 +460,7 @@ fn an_empty_pool_stays_for_tunnels_to_join() {
 
     let o = wirelane(&ns, &["--pool", &pool, &name]);
     assert!(o.status.success(), "{o:?}");
-    assert_eq!(list(&ns, &pool), [name.clone()]);
+    assert_eq!(list(&ns, &pool), std::slice::from_ref(&name));
     assert_eq!(uapi_owner(&name), child.0.id());
     let o = wirelane(&ns, &["--pool", &pool, "--remove", &name]);
     assert!(o.status.success(), "{o:?}");
