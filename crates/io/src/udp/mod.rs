@@ -1,0 +1,508 @@
+//! UDP sockets for the outer path, with batched receive (`recvmmsg`) and send
+//! (`sendmmsg`). Per address family, a data socket and, where the kernel allows, a
+//! handshake socket on the same port with the kernel steering datagrams between them
+//! by their first byte (`bind_steered`); the IPv6 sockets are V6ONLY so both families
+//! can share a port.
+//!
+//! The parts: `addr` (local addresses, control messages and socket addresses),
+//! `steering` (the classic BPF program that splits one port's datagrams between
+//! sockets) and `recv_batch` (the reusable `recvmmsg` state).
+
+mod addr;
+mod recv_batch;
+mod steering;
+#[cfg(test)]
+mod tests;
+
+pub use addr::LocalAddr;
+use addr::*;
+pub use recv_batch::{Received, RecvBatch};
+use steering::*;
+pub use steering::{ProofRule, Steering};
+
+use crate::cvt;
+use std::io;
+use std::mem::{size_of, size_of_val, zeroed};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+/// Socket buffer size we ask for; large buffers absorb bursts between batches.
+const SOCKET_BUFFER: libc::c_int = 7 << 20;
+
+pub struct UdpSocket {
+    fd: OwnedFd,
+    v6: bool,
+    /// UDP_SEGMENT works on this socket (cleared at the first refusal).
+    gso: std::sync::atomic::AtomicBool,
+    /// UDP_GRO is on: one received buffer may hold several datagrams.
+    gro: bool,
+}
+
+/// `UDP_GRO` from linux/udp.h (not exported by libc for glibc targets).
+const UDP_GRO: libc::c_int = 104;
+/// `SO_MEMINFO` from asm-generic/socket.h, and the length of its answer.
+const SO_MEMINFO: libc::c_int = 55;
+const SK_MEMINFO_VARS: usize = 9;
+
+/// Most segments one GSO send may carry (the kernel's UDP_MAX_SEGMENTS on older kernels).
+pub const GSO_MAX_SEGMENTS: usize = 64;
+/// Most bytes one GSO send may carry.
+pub const GSO_MAX_BYTES: usize = 65507;
+
+fn setsockopt_int(
+    fd: RawFd,
+    level: libc::c_int,
+    opt: libc::c_int,
+    v: libc::c_int,
+) -> io::Result<()> {
+    // SAFETY: passes a pointer to a live c_int with its exact size.
+    cvt(unsafe {
+        libc::setsockopt(
+            fd,
+            level,
+            opt,
+            &v as *const _ as *const libc::c_void,
+            size_of::<libc::c_int>() as _,
+        )
+    })
+    .map(|_| ())
+}
+
+/// Datagrams the kernel dropped on socket `fd` since it was created (`SO_MEMINFO`),
+/// almost all for a full receive buffer. Any socket will do: the lab asks it of its
+/// own receivers.
+pub fn socket_drops(fd: RawFd) -> io::Result<u32> {
+    let mut info = [0u32; SK_MEMINFO_VARS];
+    let mut len = size_of_val(&info) as libc::socklen_t;
+    // SAFETY: info is live, writable storage of len bytes.
+    cvt(unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            SO_MEMINFO,
+            info.as_mut_ptr().cast(),
+            &mut len,
+        )
+    })?;
+    Ok(info[libc::SK_MEMINFO_DROPS as usize])
+}
+
+impl UdpSocket {
+    /// Binds a non-blocking UDP socket on the wildcard address of one family.
+    pub fn bind(v6: bool, port: u16) -> io::Result<UdpSocket> {
+        Self::open(v6, port, false)
+    }
+
+    /// Binds the three sockets of one family on `port` (0: any): data, handshake and
+    /// proof. The kernel steers each datagram by [`Steering`]: the data socket gets
+    /// the data, the proof socket the handshake messages that carry a proof (for
+    /// WireGuard, a non-zero mac2: the sender holds a cookie of ours), and the
+    /// handshake socket everything else. A flood of cookie-less messages then fills and
+    /// overflows only the handshake socket's buffer, and a flood that fakes the proof
+    /// only the proof socket's. Where the kernel refuses the steering, the second
+    /// value is the error and the data socket receives everything.
+    ///
+    /// All three sit in one SO_REUSEPORT group, which another socket could join only
+    /// with SO_REUSEPORT set and the same user id. The port is first claimed by a plain
+    /// bind, closed again just before the group binds, so a port another socket already
+    /// holds fails here as it would without the group, rather than being shared.
+    pub fn bind_steered(
+        v6: bool,
+        port: u16,
+        steering: &Steering,
+    ) -> io::Result<(UdpSocket, io::Result<(UdpSocket, UdpSocket)>)> {
+        let port = Self::open(v6, port, false)?.local_port()?;
+        let data = Self::open(v6, port, true)?;
+        let others = Self::open(v6, port, true).and_then(|handshake| {
+            let proof = Self::open(v6, port, true)?;
+            attach_steering(data.fd(), steering)?;
+            Ok((handshake, proof))
+        });
+        Ok((data, others))
+    }
+
+    fn open(v6: bool, port: u16, reuse_port: bool) -> io::Result<UdpSocket> {
+        let family = if v6 { libc::AF_INET6 } else { libc::AF_INET };
+        // SAFETY: plain socket creation; result checked.
+        let fd = cvt(unsafe {
+            libc::socket(
+                family,
+                libc::SOCK_DGRAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
+                0,
+            )
+        })?;
+        // SAFETY: fresh descriptor, exclusively ours.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let raw = fd.as_raw_fd();
+        if v6 {
+            setsockopt_int(raw, libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, 1)?;
+            setsockopt_int(raw, libc::IPPROTO_IPV6, libc::IPV6_RECVPKTINFO, 1)?;
+        } else {
+            setsockopt_int(raw, libc::IPPROTO_IP, libc::IP_PKTINFO, 1)?;
+        }
+        // Forced sizes need CAP_NET_ADMIN; fall back to the capped ones without it.
+        for (force, plain) in [
+            (libc::SO_RCVBUFFORCE, libc::SO_RCVBUF),
+            (libc::SO_SNDBUFFORCE, libc::SO_SNDBUF),
+        ] {
+            if setsockopt_int(raw, libc::SOL_SOCKET, force, SOCKET_BUFFER).is_err() {
+                let _ = setsockopt_int(raw, libc::SOL_SOCKET, plain, SOCKET_BUFFER);
+            }
+        }
+        let addr = if v6 {
+            SocketAddr::from((Ipv6Addr::UNSPECIFIED, port))
+        } else {
+            SocketAddr::from((Ipv4Addr::UNSPECIFIED, port))
+        };
+        if reuse_port {
+            setsockopt_int(raw, libc::SOL_SOCKET, libc::SO_REUSEPORT, 1)?;
+        }
+        let (ss, len) = to_sockaddr(&addr);
+        // SAFETY: ss holds a valid sockaddr of length len.
+        cvt(unsafe { libc::bind(raw, &ss as *const _ as *const libc::sockaddr, len) })?;
+        // Receive coalescing is optional: without it every datagram arrives alone.
+        let gro = setsockopt_int(raw, libc::SOL_UDP, UDP_GRO, 1).is_ok();
+        Ok(UdpSocket {
+            fd,
+            v6,
+            gso: std::sync::atomic::AtomicBool::new(true),
+            gro,
+        })
+    }
+
+    pub fn fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+
+    pub fn is_v6(&self) -> bool {
+        self.v6
+    }
+
+    pub fn local_port(&self) -> io::Result<u16> {
+        // SAFETY: zeroed storage is valid; getsockname fills at most len bytes.
+        let mut ss: libc::sockaddr_storage = unsafe { zeroed() };
+        let mut len = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+        // SAFETY: pointers to live storage and its length.
+        cvt(unsafe {
+            libc::getsockname(
+                self.fd(),
+                &mut ss as *mut _ as *mut libc::sockaddr,
+                &mut len,
+            )
+        })?;
+        from_sockaddr(&ss)
+            .map(|a| a.port())
+            .ok_or_else(|| io::Error::other("unexpected socket family"))
+    }
+
+    /// Sets the receive buffer's size (the kernel doubles it for its bookkeeping), with
+    /// SO_RCVBUFFORCE where allowed.
+    pub fn set_receive_buffer(&self, bytes: usize) -> io::Result<()> {
+        let bytes = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX);
+        setsockopt_int(self.fd(), libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, bytes)
+            .or_else(|_| setsockopt_int(self.fd(), libc::SOL_SOCKET, libc::SO_RCVBUF, bytes))
+    }
+
+    /// Sets SO_MARK (the fwmark) on outgoing packets; 0 clears it.
+    pub fn set_mark(&self, mark: u32) -> io::Result<()> {
+        setsockopt_int(
+            self.fd(),
+            libc::SOL_SOCKET,
+            libc::SO_MARK,
+            mark as libc::c_int,
+        )
+    }
+
+    /// Datagrams the kernel dropped on this socket since it was bound, almost all for a
+    /// full receive buffer.
+    pub fn drops(&self) -> io::Result<u32> {
+        socket_drops(self.fd())
+    }
+
+    /// Whether received buffers may hold several coalesced datagrams.
+    pub fn gro_enabled(&self) -> bool {
+        self.gro
+    }
+
+    /// Receives into `batch`'s buffers and returns the count; `WouldBlock` when nothing
+    /// is queued. [`RecvBatch::datagram`] then reads each one.
+    pub fn recv_batch(&self, batch: &mut RecvBatch) -> io::Result<usize> {
+        batch.got = 0;
+        batch.reset_headers();
+        let n = batch.hdrs.len();
+        // SAFETY: every header points at live buffers owned by `batch` (see RecvBatch),
+        // which outlives the call.
+        let got = cvt(unsafe {
+            libc::recvmmsg(
+                self.fd(),
+                batch.hdrs.as_mut_ptr(),
+                n as _,
+                libc::MSG_DONTWAIT,
+                std::ptr::null_mut(),
+            )
+        })? as usize;
+        for i in 0..got {
+            let hdr = &batch.hdrs[i];
+            batch.segs[i] = 0;
+            // SAFETY: the kernel filled msg_control/msg_controllen; the CMSG macros walk
+            // only within that buffer.
+            batch.locals[i] = unsafe { local_of(&hdr.msg_hdr) };
+            // SAFETY: as above.
+            unsafe {
+                let mut c = libc::CMSG_FIRSTHDR(&hdr.msg_hdr);
+                while !c.is_null() {
+                    if (*c).cmsg_level == libc::SOL_UDP && (*c).cmsg_type == UDP_GRO {
+                        let v = std::ptr::read_unaligned(libc::CMSG_DATA(c) as *const libc::c_int);
+                        batch.segs[i] = v.max(0) as usize;
+                    }
+                    c = libc::CMSG_NXTHDR(&hdr.msg_hdr, c);
+                }
+            }
+        }
+        batch.got = got;
+        Ok(got)
+    }
+
+    /// Sends each `(payload, destination)` from `src` (None: the route's choice);
+    /// returns how many the kernel took. A full send buffer is waited out
+    /// (backpressure for the data path); an unreachable destination fails only its own
+    /// datagram. Stops at the first other failure.
+    pub fn send_batch(
+        &self,
+        msgs: &[(&[u8], SocketAddr)],
+        src: Option<LocalAddr>,
+    ) -> io::Result<usize> {
+        let msgs: Vec<_> = msgs.iter().map(|(p, d)| (*p, *d, src)).collect();
+        self.send_mmsg(&msgs, true)
+    }
+
+    /// Sends each `(payload, destination, source)`, never waiting: what does not fit in
+    /// the send buffer is dropped. For answers that are worthless late (cookie
+    /// replies), each from the address its question arrived at.
+    pub fn try_send_replies(
+        &self,
+        msgs: &[(&[u8], SocketAddr, Option<LocalAddr>)],
+    ) -> io::Result<usize> {
+        self.send_mmsg(msgs, false)
+    }
+
+    fn send_mmsg(
+        &self,
+        msgs: &[(&[u8], SocketAddr, Option<LocalAddr>)],
+        wait_for_room: bool,
+    ) -> io::Result<usize> {
+        // `next` is the first datagram not yet handed to the kernel; `accepted` counts
+        // only those the kernel took, not those skipped after a failure of their own.
+        let (mut next, mut accepted) = (0, 0);
+        let mut names: Vec<_> = msgs
+            .iter()
+            .map(|(_, dst, _)| to_sockaddr(&self.map_destination(dst)))
+            .collect();
+        let mut controls: Vec<SendControl> = vec![[0; 8]; msgs.len()];
+        // SAFETY: zeroed iovec/mmsghdr are valid initial values.
+        let mut iovs: Vec<libc::iovec> = vec![unsafe { zeroed() }; msgs.len()];
+        let mut hdrs: Vec<libc::mmsghdr> = vec![unsafe { zeroed() }; msgs.len()];
+        for (i, (payload, _, src)) in msgs.iter().enumerate() {
+            iovs[i] = libc::iovec {
+                iov_base: payload.as_ptr() as *mut _,
+                iov_len: payload.len(),
+            };
+            let h = &mut hdrs[i].msg_hdr;
+            h.msg_name = (&mut names[i].0 as *mut libc::sockaddr_storage).cast();
+            h.msg_namelen = names[i].1;
+            h.msg_iov = &mut iovs[i];
+            h.msg_iovlen = 1;
+            if let Some(src) = src.filter(|s| s.ip.is_ipv6() == self.v6) {
+                h.msg_controllen = put_source(&mut controls[i], 0, &src) as _;
+                h.msg_control = controls[i].as_mut_ptr().cast();
+            }
+        }
+        let flags = if wait_for_room { 0 } else { libc::MSG_DONTWAIT };
+        while next < msgs.len() {
+            // SAFETY: headers point at live buffers for the duration of the call.
+            let r = unsafe {
+                libc::sendmmsg(
+                    self.fd(),
+                    hdrs[next..].as_mut_ptr(),
+                    (msgs.len() - next) as _,
+                    flags,
+                )
+            };
+            match cvt(r) {
+                Ok(k) => {
+                    next += k as usize;
+                    accepted += k as usize;
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock && !wait_for_room => break,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => self.wait_writable(),
+                // The source address is no longer ours (it was just removed): send it
+                // from the route's choice instead. The owner of the source learns of the
+                // removal from rtnetlink and stops asking for it.
+                Err(e) if source_refused(&e) && !hdrs[next].msg_hdr.msg_control.is_null() => {
+                    hdrs[next].msg_hdr.msg_control = std::ptr::null_mut();
+                    hdrs[next].msg_hdr.msg_controllen = 0;
+                }
+                // An unreachable destination fails only its own datagram: skip it.
+                Err(_) if next + 1 < msgs.len() => next += 1,
+                Err(e) => return if accepted > 0 { Ok(accepted) } else { Err(e) },
+            }
+        }
+        Ok(accepted)
+    }
+
+    /// Waits (briefly) for room in the send buffer.
+    fn wait_writable(&self) {
+        let mut p = libc::pollfd {
+            fd: self.fd(),
+            events: libc::POLLOUT,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        unsafe { libc::poll(&mut p, 1, 100) };
+    }
+
+    /// An IPv4 destination on an IPv6 socket is not possible (V6ONLY); callers pick the
+    /// socket by family, so this only normalises mapped addresses.
+    fn map_destination(&self, dst: &SocketAddr) -> SocketAddr {
+        match dst {
+            SocketAddr::V6(a) if !self.v6 => match a.ip().to_ipv4_mapped() {
+                Some(v4) => SocketAddr::from((v4, a.port())),
+                None => *dst,
+            },
+            _ => *dst,
+        }
+    }
+
+    /// Whether segmentation offload is (still) believed to work on this socket.
+    pub fn gso_enabled(&self) -> bool {
+        self.gso.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Sends `dgrams` laid end to end, cut by the kernel into datagrams of `segment`
+    /// bytes each (the last may be shorter), with one system call, using UDP_SEGMENT,
+    /// from `src` (None: the route's choice). The pieces are gathered straight from the
+    /// caller's buffers (no copy here); they need not be datagram-aligned. At most
+    /// [`GSO_MAX_SEGMENTS`] pieces and [`GSO_MAX_BYTES`] in all. Returns false, having
+    /// sent nothing, if the kernel refuses segmentation offload; the socket then stops
+    /// trying it.
+    pub fn send_segmented(
+        &self,
+        dgrams: &[&[u8]],
+        segment: u16,
+        dst: &SocketAddr,
+        src: Option<LocalAddr>,
+    ) -> io::Result<bool> {
+        if dgrams.len() > GSO_MAX_SEGMENTS
+            || dgrams.iter().map(|d| d.len()).sum::<usize>() > GSO_MAX_BYTES
+        {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "too much for one segmented send",
+            ));
+        }
+        let (ss, len) = to_sockaddr(&self.map_destination(dst));
+        let mut control: SendControl = [0; 8];
+        let mut iovs = [libc::iovec {
+            iov_base: std::ptr::null_mut(),
+            iov_len: 0,
+        }; GSO_MAX_SEGMENTS];
+        for (iov, d) in iovs.iter_mut().zip(dgrams) {
+            iov.iov_base = d.as_ptr() as *mut _;
+            iov.iov_len = d.len();
+        }
+        let segment_only = put_cmsg(
+            bytemuck_u64(&mut control),
+            0,
+            libc::SOL_UDP,
+            libc::UDP_SEGMENT,
+            &segment.to_ne_bytes(),
+        );
+        let mut with_source = segment_only;
+        if let Some(src) = src.filter(|s| s.ip.is_ipv6() == self.v6) {
+            with_source = put_source(&mut control, segment_only, &src);
+        }
+        // SAFETY: zeroed msghdr is valid; every pointer set below refers to live locals.
+        let mut msg: libc::msghdr = unsafe { zeroed() };
+        msg.msg_name = &ss as *const _ as *mut _;
+        msg.msg_namelen = len;
+        msg.msg_iov = iovs.as_mut_ptr();
+        msg.msg_iovlen = dgrams.len() as _;
+        msg.msg_control = control.as_mut_ptr().cast();
+        msg.msg_controllen = with_source as _;
+        loop {
+            // SAFETY: msg and everything it points to are valid for the call.
+            let r = unsafe { libc::sendmsg(self.fd(), &msg, 0) };
+            if r >= 0 {
+                return Ok(true);
+            }
+            let e = io::Error::last_os_error();
+            match e.raw_os_error() {
+                Some(libc::EINTR) => continue,
+                Some(libc::EAGAIN) => self.wait_writable(),
+                // With a source, EINVAL first means the source is no longer ours (see
+                // send_mmsg): try again from the route's choice before blaming GSO.
+                _ if source_refused(&e) && msg.msg_controllen as usize > segment_only => {
+                    msg.msg_controllen = segment_only as _;
+                }
+                // No offload on this path or kernel: remember and let the caller fall back.
+                Some(libc::EIO)
+                | Some(libc::EINVAL)
+                | Some(libc::ENOPROTOOPT)
+                | Some(libc::EOPNOTSUPP) => {
+                    self.gso.store(false, std::sync::atomic::Ordering::Relaxed);
+                    return Ok(false);
+                }
+                _ => return Err(e),
+            }
+        }
+    }
+
+    /// Sends one datagram, from the route's choice of source.
+    pub fn send_to(&self, payload: &[u8], dst: &SocketAddr) -> io::Result<usize> {
+        self.send_from(payload, dst, None)
+    }
+
+    /// Sends one datagram from `src` (None: the route's choice), without waiting for
+    /// room in the send buffer.
+    pub fn send_from(
+        &self,
+        payload: &[u8],
+        dst: &SocketAddr,
+        src: Option<LocalAddr>,
+    ) -> io::Result<usize> {
+        let (ss, len) = to_sockaddr(&self.map_destination(dst));
+        let mut control: SendControl = [0; 8];
+        let mut iov = libc::iovec {
+            iov_base: payload.as_ptr() as *mut _,
+            iov_len: payload.len(),
+        };
+        // SAFETY: zeroed msghdr is valid; every pointer set below refers to live locals.
+        let mut msg: libc::msghdr = unsafe { zeroed() };
+        msg.msg_name = &ss as *const _ as *mut _;
+        msg.msg_namelen = len;
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        if let Some(src) = src.filter(|s| s.ip.is_ipv6() == self.v6) {
+            msg.msg_controllen = put_source(&mut control, 0, &src) as _;
+            msg.msg_control = control.as_mut_ptr().cast();
+        }
+        loop {
+            // SAFETY: msg and everything it points to are valid for the call.
+            let r = unsafe { libc::sendmsg(self.fd(), &msg, 0) };
+            if r >= 0 {
+                return Ok(r as usize);
+            }
+            let e = io::Error::last_os_error();
+            match e.raw_os_error() {
+                Some(libc::EINTR) => continue,
+                // The source is no longer ours (see send_mmsg).
+                _ if source_refused(&e) && !msg.msg_control.is_null() => {
+                    msg.msg_control = std::ptr::null_mut();
+                    msg.msg_controllen = 0;
+                }
+                _ => return Err(e),
+            }
+        }
+    }
+}

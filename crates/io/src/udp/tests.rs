@@ -1,0 +1,207 @@
+use super::*;
+use std::net::IpAddr;
+
+#[test]
+fn batch_roundtrip_on_loopback() {
+    let a = UdpSocket::bind(false, 0).unwrap();
+    let b = UdpSocket::bind(false, 0).unwrap();
+    let dst = SocketAddr::from(([127, 0, 0, 1], b.local_port().unwrap()));
+    let payloads: Vec<Vec<u8>> = (0..10u8).map(|i| vec![i; 100 + i as usize]).collect();
+    let msgs: Vec<(&[u8], SocketAddr)> = payloads.iter().map(|p| (p.as_slice(), dst)).collect();
+    assert_eq!(a.send_batch(&msgs, None).unwrap(), 10);
+    let mut batch = RecvBatch::new(4, 2048);
+    let mut got: Vec<(Vec<u8>, SocketAddr)> = Vec::new();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    // Four buffers for ten datagrams: the headers are reused across receives.
+    while got.len() < 10 && std::time::Instant::now() < deadline {
+        match b.recv_batch(&mut batch) {
+            Ok(n) => got.extend((0..n).map(|i| {
+                let r = batch.datagram(i).unwrap();
+                (r.data.to_vec(), r.src)
+            })),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::thread::yield_now(),
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert_eq!(got.len(), 10);
+    for (i, (d, src)) in got.iter().enumerate() {
+        assert_eq!(d, &payloads[i]);
+        assert_eq!(src.port(), a.local_port().unwrap());
+    }
+}
+
+/// Replies leave from the address the question arrived at (any 127/8 address is
+/// local on lo); a source that is not local falls back to the route's choice.
+#[test]
+fn replies_leave_from_the_address_asked() {
+    let a = UdpSocket::bind(false, 0).unwrap();
+    let b = UdpSocket::bind(false, 0).unwrap();
+    let asked = Ipv4Addr::new(127, 0, 0, 2);
+    let to_b = SocketAddr::from((asked, b.local_port().unwrap()));
+    a.send_to(b"question", &to_b).unwrap();
+    let mut batch = RecvBatch::new(4, 2048);
+    let recv_one = |sock: &UdpSocket, batch: &mut RecvBatch| {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        while std::time::Instant::now() < deadline {
+            if let Ok(1) = sock.recv_batch(batch) {
+                let r = batch.datagram(0).unwrap();
+                return (r.src, r.local);
+            }
+            std::thread::yield_now();
+        }
+        panic!("nothing received");
+    };
+    let (from_a, local) = recv_one(&b, &mut batch);
+    let local = local.expect("IP_PKTINFO reports the local end");
+    assert_eq!(local.ip, IpAddr::V4(asked));
+    assert!(local.ifindex > 0);
+    b.send_from(b"answer", &from_a, Some(local)).unwrap();
+    assert_eq!(recv_one(&a, &mut batch).0, to_b);
+    // The same through the batched and segmented paths.
+    b.send_batch(&[(b"answer", from_a)], Some(local)).unwrap();
+    assert_eq!(recv_one(&a, &mut batch).0, to_b);
+    if b.send_segmented(&[b"ab", b"cd"], 2, &from_a, Some(local))
+        .unwrap()
+    {
+        assert_eq!(recv_one(&a, &mut batch).0, to_b);
+        while a.recv_batch(&mut batch).is_ok_and(|n| n > 0) {}
+    }
+    // A source that is not ours is refused by the kernel; the datagram still goes.
+    let gone = LocalAddr {
+        ip: IpAddr::V4(Ipv4Addr::new(192, 0, 2, 99)),
+        ifindex: 0,
+    };
+    b.send_from(b"answer", &from_a, Some(gone)).unwrap();
+    assert_eq!(
+        recv_one(&a, &mut batch).0.ip(),
+        IpAddr::V4(Ipv4Addr::LOCALHOST)
+    );
+    b.send_batch(&[(b"answer", from_a)], Some(gone)).unwrap();
+    assert_eq!(
+        recv_one(&a, &mut batch).0.ip(),
+        IpAddr::V4(Ipv4Addr::LOCALHOST)
+    );
+    assert!(
+        b.send_segmented(&[b"ab", b"cd"], 2, &from_a, Some(gone))
+            .unwrap()
+            || !b.gso_enabled()
+    );
+}
+
+#[test]
+fn segmented_send_arrives_as_separate_datagrams() {
+    let a = UdpSocket::bind(false, 0).unwrap();
+    let b = UdpSocket::bind(false, 0).unwrap();
+    let dst = SocketAddr::from(([127, 0, 0, 1], b.local_port().unwrap()));
+    let pieces: Vec<Vec<u8>> = (0..5u8)
+        .map(|i| vec![i; if i == 4 { 300 } else { 1000 }])
+        .collect();
+    let refs: Vec<&[u8]> = pieces.iter().map(Vec::as_slice).collect();
+    if !a.send_segmented(&refs, 1000, &dst, None).unwrap() {
+        assert!(!a.gso_enabled());
+        return; // Kernel without UDP GSO: the fallback path is what callers use.
+    }
+    let mut batch = RecvBatch::new(8, 65536);
+    // With UDP_GRO the five may arrive as one coalesced buffer; split them back.
+    let mut dgrams: Vec<Vec<u8>> = Vec::new();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    while dgrams.len() < 5 && std::time::Instant::now() < deadline {
+        if let Ok(n) = b.recv_batch(&mut batch) {
+            for i in 0..n {
+                let r = batch.datagram(i).unwrap();
+                let step = if r.segment > 0 {
+                    r.segment
+                } else {
+                    r.data.len().max(1)
+                };
+                dgrams.extend(r.data.chunks(step).map(<[u8]>::to_vec));
+            }
+        }
+    }
+    assert_eq!(dgrams.len(), 5);
+    for (i, d) in dgrams.iter().enumerate() {
+        assert_eq!(d.len(), if i == 4 { 300 } else { 1000 });
+        assert!(d.iter().all(|x| *x == i as u8));
+    }
+}
+
+/// Receives until `want` datagrams came or 2 s passed.
+fn receive(sock: &UdpSocket, want: usize) -> Vec<Vec<u8>> {
+    let mut batch = RecvBatch::new(8, 2048);
+    let mut got = Vec::new();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    while got.len() < want && std::time::Instant::now() < deadline {
+        match sock.recv_batch(&mut batch) {
+            Ok(n) => got.extend((0..n).map(|i| batch.datagram(i).unwrap().data.to_vec())),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::thread::yield_now(),
+            Err(e) => panic!("{e}"),
+        }
+    }
+    got
+}
+
+#[test]
+fn steered_group_splits_data_handshakes_and_proofs_and_keeps_its_port() {
+    // WireGuard's shapes: data is type 4; a type 1 of 148 bytes or a type 2 of 92
+    // bytes carries its proof (mac2) in its last 16 bytes.
+    let steering = Steering {
+        data_first_byte: 4,
+        proof: vec![
+            ProofRule {
+                first_byte: 1,
+                len: 148,
+                field: 132,
+            },
+            ProofRule {
+                first_byte: 2,
+                len: 92,
+                field: 76,
+            },
+        ],
+    };
+    let (data, others) = UdpSocket::bind_steered(false, 0, &steering).unwrap();
+    let (handshake, proof) = others.expect("this kernel steers SO_REUSEPORT groups");
+    let port = data.local_port().unwrap();
+    assert_eq!(handshake.local_port().unwrap(), port);
+    assert_eq!(proof.local_port().unwrap(), port);
+    // The port is taken for anyone else, steered or not.
+    let in_use = |r: io::Result<()>| r.unwrap_err().raw_os_error() == Some(libc::EADDRINUSE);
+    assert!(in_use(UdpSocket::bind(false, port).map(drop)));
+    assert!(in_use(
+        UdpSocket::bind_steered(false, port, &steering).map(drop)
+    ));
+
+    let client = UdpSocket::bind(false, 0).unwrap();
+    let dst = SocketAddr::from(([127, 0, 0, 1], port));
+    let message = |kind: u8, len: usize, proof_byte: Option<usize>| {
+        let mut m = vec![0u8; len];
+        m[0] = kind;
+        m[1] = 0xaa; // nonzero outside the proof field
+        if let Some(at) = proof_byte {
+            m[at] = 1;
+        }
+        m
+    };
+    let msgs: Vec<Vec<u8>> = vec![
+        vec![4, 0, 0, 0, 1],        // 0 data
+        message(1, 148, None),      // 1 initiation without a proof
+        message(1, 148, Some(147)), // 2 initiation, proof in its last byte
+        vec![4, 0, 0, 0, 3],        // 3 data
+        message(2, 92, Some(76)),   // 4 response, proof in its first byte
+        message(2, 92, None),       // 5 response without a proof
+        message(1, 147, Some(140)), // 6 a type 1 of the wrong length
+        message(1, 148, Some(131)), // 7 nonzero just before the proof field
+        message(3, 64, Some(63)),   // 8 cookie reply
+        vec![],                     // 9 empty
+        vec![9],                    // 10 unknown type
+    ];
+    let batch: Vec<(&[u8], SocketAddr)> = msgs.iter().map(|m| (&m[..], dst)).collect();
+    assert_eq!(client.send_batch(&batch, None).unwrap(), msgs.len());
+    let pick = |idx: &[usize]| idx.iter().map(|&i| msgs[i].clone()).collect::<Vec<_>>();
+    // Type 4 and the empty datagram to the data socket, in order; the rest aside.
+    assert_eq!(receive(&data, 3), pick(&[0, 3, 9]));
+    assert_eq!(receive(&proof, 2), pick(&[2, 4]));
+    assert_eq!(receive(&handshake, 6), pick(&[1, 5, 6, 7, 8, 10]));
+    let drops = [&data, &handshake, &proof].map(|s| s.drops().unwrap());
+    assert_eq!(drops, [0, 0, 0]);
+}
