@@ -238,10 +238,6 @@ impl Interface {
 
     pub fn snapshot(&self) -> DeviceSnapshot {
         let table = self.table();
-        let mut allowed: std::collections::HashMap<u32, Vec<Prefix>> = Default::default();
-        table
-            .allowed
-            .for_each(|p, id| allowed.entry(id).or_default().push(p));
         let mut peers: Vec<&Arc<Peer>> = table.by_id.values().collect();
         peers.sort_by_key(|p| p.id);
         let peers = peers

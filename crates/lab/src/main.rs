@@ -227,7 +227,7 @@ fn flood_cmd(
     rate: Option<u64>,
 ) -> Result<()> {
     let key = wirelane_proto::parse_hex_key(public_key)
-        .or_else(|| wirelane_lab::peers::base64_decode_key(public_key))
+        .or_else(|| wirelane_proto::parse_base64_key(public_key))
         .ok_or("--public-key: expected a base64 or hex WireGuard key")?;
     let (addr, len) = source.split_once('/').unwrap_or((source, "32"));
     let source = (

@@ -24,46 +24,6 @@ pub fn rss_kib(pid: u32) -> Result<u64> {
         .ok_or_else(|| "no VmRSS".into())
 }
 
-const B64: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-
-/// Decodes a WireGuard key as `wg` prints it (44 base64 characters).
-pub fn base64_decode_key(s: &str) -> Option<[u8; 32]> {
-    let b = s.trim().as_bytes();
-    if b.len() != 44 || b[43] != b'=' {
-        return None;
-    }
-    let mut bits = 0u32;
-    let mut n = 0;
-    let mut out = Vec::with_capacity(33);
-    for &c in &b[..43] {
-        bits = bits << 6 | B64.iter().position(|&t| t == c)? as u32;
-        n += 6;
-        if n >= 8 {
-            n -= 8;
-            out.push((bits >> n) as u8);
-        }
-    }
-    out.try_into().ok()
-}
-
-/// Encodes bytes as standard base64 (how `wg` writes keys).
-pub(crate) fn base64(bytes: &[u8]) -> String {
-    let mut s = String::new();
-    for c in bytes.chunks(3) {
-        let n = (c[0] as u32) << 16
-            | (*c.get(1).unwrap_or(&0) as u32) << 8
-            | *c.get(2).unwrap_or(&0) as u32;
-        for i in 0..4 {
-            s.push(if i <= c.len() {
-                B64[(n >> (18 - 6 * i) & 63) as usize] as char
-            } else {
-                '='
-            });
-        }
-    }
-    s
-}
-
 /// A config with `n` peers whose public keys are derived from a counter (any 32 bytes
 /// are a valid X25519 public key for configuration purposes).
 pub fn config(n: usize, private: &str) -> String {
@@ -79,7 +39,7 @@ pub fn config(n: usize, private: &str) -> String {
         }
         conf.push_str(&format!(
             "\n[Peer]\nPublicKey = {}\nAllowedIPs = 10.{}.{}.{}/32, fd10::{:x}/128\n",
-            base64(&key),
+            wirelane_proto::base64_key(&key),
             64 + i / 65536,
             (i / 256) % 256,
             i % 256,

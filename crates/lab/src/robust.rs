@@ -216,7 +216,7 @@ fn new_peer_handshake(t: &Target) -> Result<Option<f64>> {
          && ip route add 10.82.0.2/32 dev {if_}",
         if_ = d.ifname,
         kf = keyfile.display(),
-        pk = crate::peers::base64(&t.spec.responder_public),
+        pk = wirelane_proto::base64_key(&t.spec.responder_public),
         ep = b.underlay,
         port = b.port,
     ));

@@ -217,6 +217,46 @@ impl Stream {
     }
 }
 
+/// Tunnel `i` between `a` (in namespace A, which starts the handshake) and `b`:
+/// inner addresses 10.80.i.1 and 10.80.i.2, ports 52000+i and 52100+i.
+pub fn configure_tunnel(pair: &Pair, a: &Daemon, b: &Daemon, i: u8) -> IpAddr {
+    let (ka, kb) = (genkeys(), genkeys());
+    let dir = std::env::temp_dir();
+    let (pa, pb) = (52000 + i as u16, 52100 + i as u16);
+    for (d, me, other, port, peer) in [
+        (
+            a,
+            &ka,
+            &kb,
+            pa,
+            format!(
+                "AllowedIPs = 10.80.{i}.2/32\nEndpoint = {}:{pb}\n",
+                pair.addr_b
+            ),
+        ),
+        (b, &kb, &ka, pb, format!("AllowedIPs = 10.80.{i}.1/32\n")),
+    ] {
+        let path = dir.join(format!("{}.conf", d.ifname));
+        std::fs::write(
+            &path,
+            format!(
+                "[Interface]\nPrivateKey = {}\nListenPort = {port}\n\n[Peer]\nPublicKey = {}\n{peer}",
+                me.private, other.public
+            ),
+        )
+        .unwrap();
+        d.wg(&format!("setconf IF {}", path.display()));
+        let _ = std::fs::remove_file(path);
+    }
+    for (ns, d, host) in [(&pair.a, a, 1), (&pair.b, b, 2)] {
+        ns.run_ok(&format!(
+            "ip addr add 10.80.{i}.{host}/24 dev {0} && ip link set {0} up",
+            d.ifname
+        ));
+    }
+    format!("10.80.{i}.2").parse().unwrap()
+}
+
 /// Sends `bytes` of a deterministic stream over TCP from namespace `from` to `to_addr`
 /// in namespace `to`, and verifies on the receiving side that every byte arrived
 /// intact and in order. Bounded by `timeout`.

@@ -49,3 +49,65 @@ pub fn hex_key(k: &[u8; 32]) -> String {
     }
     s
 }
+
+const BASE64: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+/// Writes a 32-byte key as `wg` prints it: 44 characters of standard base64.
+pub fn base64_key(k: &[u8; 32]) -> String {
+    let mut s = String::with_capacity(44);
+    for c in k.chunks(3) {
+        let n = (c[0] as u32) << 16
+            | (*c.get(1).unwrap_or(&0) as u32) << 8
+            | *c.get(2).unwrap_or(&0) as u32;
+        for i in 0..4 {
+            s.push(if i <= c.len() {
+                BASE64[(n >> (18 - 6 * i) & 63) as usize] as char
+            } else {
+                '='
+            });
+        }
+    }
+    s
+}
+
+/// Parses a key as `wg` prints it (44 base64 characters, surrounding space ignored).
+pub fn parse_base64_key(s: &str) -> Option<[u8; 32]> {
+    let b = s.trim().as_bytes();
+    if b.len() != 44 || b[43] != b'=' {
+        return None;
+    }
+    let (mut bits, mut n) = (0u32, 0);
+    let mut out = Vec::with_capacity(33);
+    for &c in &b[..43] {
+        bits = bits << 6 | BASE64.iter().position(|&t| t == c)? as u32;
+        n += 6;
+        if n >= 8 {
+            n -= 8;
+            out.push((bits >> n) as u8);
+        }
+    }
+    out.try_into().ok()
+}
+
+#[cfg(test)]
+mod key_text_tests {
+    use super::*;
+
+    /// RFC 7748 §6.1's Alice private key, as `wg` prints it.
+    #[test]
+    fn base64_keys_roundtrip() {
+        let k = parse_hex_key("77076d0a7318a57d3c16c17251b26645df4c2f87ebc0992ab177fba51db92c2a")
+            .unwrap();
+        let text = base64_key(&k);
+        assert_eq!(text, "dwdtCnMYpX08FsFyUbJmRd9ML4frwJkqsXf7pR25LCo=");
+        assert_eq!(parse_base64_key(&text), Some(k));
+        for bad in [
+            "",
+            "dwdt",
+            "dwdtCnMYpX08FsFyUbJmRd9ML4frwJkqsXf7pR25LCo",
+            "!wdtCnMYpX08FsFyUbJmRd9ML4frwJkqsXf7pR25LCo=",
+        ] {
+            assert_eq!(parse_base64_key(bad), None, "{bad:?}");
+        }
+    }
+}
