@@ -17,10 +17,21 @@ command -v iptables >/dev/null 2>&1 || need_apt+=(iptables)
 command -v curl >/dev/null 2>&1 || need_apt+=(curl ca-certificates)
 command -v cc >/dev/null 2>&1 || need_apt+=(build-essential)
 command -v go >/dev/null 2>&1 || need_apt+=(golang-go)
+# The metrics test scrapes with a real Prometheus server and checks with promtool.
+installs_prometheus=0
+if ! command -v prometheus >/dev/null 2>&1 || ! command -v promtool >/dev/null 2>&1; then
+    need_apt+=(prometheus)
+    installs_prometheus=1
+fi
 if [ "${#need_apt[@]}" -gt 0 ]; then
     echo "install-deps: apt-get install ${need_apt[*]}"
     apt-get update -q
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${need_apt[@]}"
+    # The tests start their own Prometheus in a namespace; the package's system
+    # service, which installing it starts where systemd runs, is not wanted here.
+    if [ "$installs_prometheus" = 1 ] && [ -d /run/systemd/system ]; then
+        systemctl disable --now prometheus >/dev/null 2>&1 || true
+    fi
 fi
 
 if ! command -v cargo >/dev/null 2>&1; then

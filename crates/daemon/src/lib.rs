@@ -3,7 +3,9 @@
 //! reach the parsers.
 
 pub mod daemonize;
+pub mod http;
 pub mod listener;
+pub mod metrics;
 pub mod pool;
 pub mod privileges;
 pub mod supervisor;

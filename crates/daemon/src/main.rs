@@ -8,9 +8,10 @@ use std::io;
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::process::ExitCode;
 use std::sync::Arc;
+use wirelane_daemon::http::{MetricsServer, Render};
 use wirelane_daemon::pool::{self, Control, Request, POOL_ENV};
 use wirelane_daemon::supervisor::{open_tunnel, Stop, Supervisor, Tunnel};
-use wirelane_daemon::{daemonize, parse_ifname, privileges};
+use wirelane_daemon::{daemonize, metrics, parse_ifname, privileges};
 use wirelane_dataplane::exec::{Model, MAX_WORKERS};
 use wirelane_dataplane::Runtime;
 use wirelane_io::netlink::Monitor;
@@ -64,6 +65,11 @@ struct Cli {
     #[arg(long, value_name = "N",
           value_parser = clap::value_parser!(u16).range(1..=MAX_WORKERS as i64))]
     workers: Option<u16>,
+
+    /// Serve Prometheus metrics on http://ADDR:PORT/metrics (off by default). Listen on
+    /// loopback or a management address: the metrics name every peer's public key.
+    #[arg(long, value_name = "ADDR:PORT")]
+    metrics: Option<std::net::SocketAddr>,
 
     /// Join the pool NAME, or become it (default: $WIRELANE_POOL).
     #[arg(long, value_name = "NAME", value_parser = parse_pool)]
@@ -215,11 +221,16 @@ fn join(pool_name: &str, ifnames: &[String]) -> Result<Joined, String> {
 
 /// Options that only a pool's first process applies.
 fn warn_ignored_on_join(cli: &Cli, pool_name: &str) {
-    if cli.model != Model::Workqueue || cli.workers.is_some() || cli.no_offloads || cli.stay {
+    if cli.model != Model::Workqueue
+        || cli.workers.is_some()
+        || cli.no_offloads
+        || cli.stay
+        || cli.metrics.is_some()
+    {
         tracing::warn!(
             pool = pool_name,
-            "--model, --workers, --no-offloads and --stay apply when a process starts a \
-             pool; the running pool keeps its own"
+            "--model, --workers, --no-offloads, --stay and --metrics apply when a process \
+             starts a pool; the running pool keeps its own"
         );
     }
 }
@@ -274,6 +285,12 @@ fn run(cli: &Cli, readiness: &mut daemonize::Readiness) -> Result<(), String> {
         // On failure, what was opened drops: its sockets go, and its interfaces.
         opened.push((n.clone(), open_tunnel(n, !cli.no_offloads)?));
     }
+    let metrics_listener = cli
+        .metrics
+        .map(|a| {
+            std::net::TcpListener::bind(a).map_err(|e| format!("cannot serve metrics on {a}: {e}"))
+        })
+        .transpose()?;
     let monitor = Monitor::open()
         .inspect_err(|e| tracing::warn!(error = %e, "no rtnetlink notifications"))
         .ok();
@@ -305,6 +322,17 @@ fn run(cli: &Cli, readiness: &mut daemonize::Readiness) -> Result<(), String> {
     for (n, t) in opened {
         sup.serve(&n, t)?;
     }
+    let mut metrics = match metrics_listener {
+        Some(l) => {
+            let (sup, rt) = (sup.clone(), runtime.clone());
+            let render: Render = Arc::new(move || metrics::render(&sup.devices(), &rt));
+            Some(
+                MetricsServer::start(l, render)
+                    .map_err(|e| format!("cannot serve metrics: {e}"))?,
+            )
+        }
+        None => None,
+    };
     tracing::info!(
         interfaces = ?cli.ifnames,
         workers,
@@ -320,6 +348,9 @@ fn run(cli: &Cli, readiness: &mut daemonize::Readiness) -> Result<(), String> {
     }
     // Sockets first (so a restart finds the names free), then the threads.
     drop(control);
+    if let Some(m) = metrics.as_mut() {
+        m.stop();
+    }
     sup.remove_all();
     runtime.stop();
     Ok(())

@@ -171,6 +171,18 @@ impl Supervisor {
         self.changed.wake();
     }
 
+    /// Every tunnel served now, for a metrics scrape.
+    pub fn devices(&self) -> Vec<crate::metrics::Device> {
+        self.lock()
+            .tunnels
+            .iter()
+            .map(|(name, t)| crate::metrics::Device {
+                name: name.clone(),
+                iface: t.iface.clone(),
+            })
+            .collect()
+    }
+
     /// The pool's tunnels; a closing pool says so, so that a process starting a pool
     /// of the same name waits for it rather than taking it for a live one.
     fn list(&self) -> Result<String, String> {

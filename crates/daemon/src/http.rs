@@ -1,0 +1,279 @@
+//! The metrics endpoint's HTTP server: `GET /metrics` and nothing else, on threads of
+//! its own, bounded in memory and time so that no client can hold it.
+//!
+//! Flow: the `wl-metrics` thread accepts; each connection gets a `wl-metrics-conn`
+//! thread (at most [`MAX_CONNECTIONS`] at once; past that, a 503 and close) that reads
+//! one request head of at most [`MAX_HEAD`] bytes within [`READ_DEADLINE`], answers it
+//! and closes. Only the answer's body is built per request, by the `render` function
+//! the server was given; no lock of the data path is held while it formats.
+//!
+//! Answers: 200 for `GET /metrics` (a query string is ignored), 405 for another method
+//! on `/metrics`, 404 for any other path, 400 for a request that is not HTTP/1.x, 431
+//! for a head over the limit, and nothing (the connection closes) for a client that
+//! does not finish its request in time.
+//!
+//! Stopping: [`MetricsServer::stop`] shuts the listening socket down, which wakes the
+//! blocked `accept` with an error; connection threads end by their own deadlines.
+
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// Connections served at once; Prometheus needs one per scrape.
+pub const MAX_CONNECTIONS: usize = 4;
+/// Longest request head (request line and headers) read.
+pub const MAX_HEAD: usize = 8 << 10;
+/// Time a client has to send its request head, whatever its pace.
+pub const READ_DEADLINE: Duration = Duration::from_secs(5);
+/// Time a client has to take the answer.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The body of a `GET /metrics`.
+pub type Render = Arc<dyn Fn() -> String + Send + Sync>;
+
+pub struct MetricsServer {
+    listener: Arc<TcpListener>,
+    stopping: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl MetricsServer {
+    /// Serves `listener` (bound before privileges are dropped: a port below 1024
+    /// needs them) on a thread of its own until [`stop`](Self::stop).
+    pub fn start(listener: TcpListener, render: Render) -> io::Result<MetricsServer> {
+        let listener = Arc::new(listener);
+        let stopping = Arc::new(AtomicBool::new(false));
+        let (l, s) = (listener.clone(), stopping.clone());
+        let thread = std::thread::Builder::new()
+            .name("wl-metrics".into())
+            .spawn(move || accept_loop(&l, &s, render))?;
+        Ok(MetricsServer {
+            listener,
+            stopping,
+            thread: Some(thread),
+        })
+    }
+
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    pub fn stop(&mut self) {
+        self.stopping.store(true, Ordering::SeqCst);
+        // SAFETY: shutdown on a descriptor the listener owns for as long as we hold it.
+        unsafe { libc::shutdown(self.listener.as_raw_fd(), libc::SHUT_RDWR) };
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for MetricsServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn accept_loop(listener: &TcpListener, stopping: &AtomicBool, render: Render) {
+    let active = Arc::new(AtomicUsize::new(0));
+    loop {
+        let accepted = listener.accept();
+        if stopping.load(Ordering::SeqCst) {
+            return;
+        }
+        let stream = match accepted {
+            Ok((s, _)) => s,
+            Err(e) => {
+                // Out of descriptors, or a connection reset before it was taken: wait
+                // a moment rather than spin on an error that persists.
+                tracing::debug!(error = %e, "metrics: accept failed");
+                std::thread::sleep(Duration::from_millis(50));
+                continue;
+            }
+        };
+        if active.fetch_add(1, Ordering::SeqCst) >= MAX_CONNECTIONS {
+            active.fetch_sub(1, Ordering::SeqCst);
+            let _ = stream.set_write_timeout(Some(Duration::from_millis(100)));
+            let _ = respond(&stream, 503, "Service Unavailable", &[], "busy\n");
+            continue;
+        }
+        let (render, done) = (render.clone(), ActiveGuard(active.clone()));
+        let spawned = std::thread::Builder::new()
+            .name("wl-metrics-conn".into())
+            .spawn(move || {
+                let _done = done;
+                serve(stream, &render);
+            });
+        if let Err(e) = spawned {
+            // The closure, guard and stream drop with the error: the count is restored.
+            tracing::warn!(error = %e, "metrics: cannot start a connection thread");
+        }
+    }
+}
+
+/// Gives back a connection's place however its thread ends.
+struct ActiveGuard(Arc<AtomicUsize>);
+
+impl Drop for ActiveGuard {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// What a request head asks for.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Request {
+    Metrics,
+    WrongMethod,
+    NotFound,
+    BadRequest,
+}
+
+/// Parses a request head's first line.
+pub fn parse_request_line(head: &[u8]) -> Request {
+    let line = head.split(|&b| b == b'\n').next().unwrap_or_default();
+    let Ok(line) = std::str::from_utf8(line) else {
+        return Request::BadRequest;
+    };
+    let mut parts = line.trim_end_matches('\r').split(' ');
+    let (Some(method), Some(target), Some(version), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return Request::BadRequest;
+    };
+    let token = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_alphabetic());
+    if !token(method) || !version.starts_with("HTTP/1.") || !target.starts_with('/') {
+        return Request::BadRequest;
+    }
+    let path = target.split('?').next().unwrap_or_default();
+    match (method, path) {
+        ("GET", "/metrics") => Request::Metrics,
+        (_, "/metrics") => Request::WrongMethod,
+        _ => Request::NotFound,
+    }
+}
+
+/// Reads a request head: Ok(Some(len)) once a blank line ends it, Ok(None) when it
+/// outgrows [`MAX_HEAD`], Err when the client closes or the deadline passes.
+fn read_head(mut stream: &TcpStream, buf: &mut Vec<u8>) -> io::Result<Option<usize>> {
+    let deadline = Instant::now() + READ_DEADLINE;
+    let mut chunk = [0u8; 1024];
+    loop {
+        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            return Ok(Some(end + 4));
+        }
+        if let Some(end) = buf.windows(2).position(|w| w == b"\n\n") {
+            return Ok(Some(end + 2));
+        }
+        if buf.len() >= MAX_HEAD {
+            return Ok(None);
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::ErrorKind::TimedOut.into());
+        }
+        stream.set_read_timeout(Some(left))?;
+        let want = chunk.len().min(MAX_HEAD - buf.len());
+        match stream.read(&mut chunk[..want])? {
+            0 => return Err(io::ErrorKind::UnexpectedEof.into()),
+            n => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
+}
+
+fn serve(stream: TcpStream, render: &Render) {
+    let _ = stream.set_write_timeout(Some(WRITE_TIMEOUT));
+    let mut head = Vec::with_capacity(1024);
+    let result = match read_head(&stream, &mut head) {
+        Ok(Some(_)) => match parse_request_line(&head) {
+            Request::Metrics => {
+                let body = render();
+                respond(
+                    &stream,
+                    200,
+                    "OK",
+                    &[("Content-Type", prometheus::TEXT_FORMAT)],
+                    &body,
+                )
+            }
+            Request::WrongMethod => respond(
+                &stream,
+                405,
+                "Method Not Allowed",
+                &[("Allow", "GET")],
+                "only GET /metrics\n",
+            ),
+            Request::NotFound => respond(&stream, 404, "Not Found", &[], "only /metrics\n"),
+            Request::BadRequest => respond(&stream, 400, "Bad Request", &[], "bad request\n"),
+        },
+        Ok(None) => respond(
+            &stream,
+            431,
+            "Request Header Fields Too Large",
+            &[],
+            "request head too large\n",
+        ),
+        // Too slow, or gone: nothing to answer.
+        Err(_) => Ok(()),
+    };
+    if let Err(e) = result {
+        tracing::debug!(error = %e, "metrics: answer not delivered");
+    }
+    let _ = stream.shutdown(Shutdown::Both);
+}
+
+fn respond(
+    mut stream: &TcpStream,
+    code: u16,
+    reason: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> io::Result<()> {
+    let mut head = format!(
+        "HTTP/1.1 {code} {reason}\r\nContent-Length: {}\r\nConnection: close\r\n",
+        body.len()
+    );
+    for (k, v) in headers {
+        head.push_str(&format!("{k}: {v}\r\n"));
+    }
+    if !headers.iter().any(|(k, _)| *k == "Content-Type") {
+        head.push_str("Content-Type: text/plain; charset=utf-8\r\n");
+    }
+    head.push_str("\r\n");
+    stream.write_all(head.as_bytes())?;
+    stream.write_all(body.as_bytes())?;
+    stream.flush()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_lines() {
+        for (line, want) in [
+            ("GET /metrics HTTP/1.1\r\n", Request::Metrics),
+            ("GET /metrics?x=1 HTTP/1.0\r\n", Request::Metrics),
+            ("POST /metrics HTTP/1.1\r\n", Request::WrongMethod),
+            ("HEAD /metrics HTTP/1.1\r\n", Request::WrongMethod),
+            ("GET / HTTP/1.1\r\n", Request::NotFound),
+            ("GET /metricsx HTTP/1.1\r\n", Request::NotFound),
+            ("GET /metrics HTTP/2\r\n", Request::BadRequest),
+            ("GET /metrics\r\n", Request::BadRequest),
+            ("GET  /metrics HTTP/1.1\r\n", Request::BadRequest),
+            ("G\u{e9}T /metrics HTTP/1.1\r\n", Request::BadRequest),
+            ("GET metrics HTTP/1.1\r\n", Request::BadRequest),
+            ("", Request::BadRequest),
+        ] {
+            assert_eq!(parse_request_line(line.as_bytes()), want, "{line:?}");
+        }
+        assert_eq!(
+            parse_request_line(&[0xff, 0xfe, b'\n']),
+            Request::BadRequest
+        );
+    }
+}
