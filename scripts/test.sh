@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite: formatting, lints, unit and protocol tests, the network
 # namespace integration tests against wireguard-go and boringtun, wireguard-go's own
-# tests/netns.sh run unmodified against wirelane, Miri and AddressSanitizer runs
+# tests/netns.sh run unmodified against wirelane, the Debian package (scripts/package-test.sh),
+# Miri and AddressSanitizer runs
 # (scripts/sanitize.sh), and every fuzz target for a minute (FUZZ_SECONDS). Run as root
 # on Debian; it installs what it needs first.
 set -euo pipefail
@@ -19,6 +20,8 @@ echo "== cargo test"
 cargo test --workspace --locked -- --test-threads 2
 echo "== wireguard-go's tests/netns.sh against wirelane"
 bash scripts/third-party.sh target/debug/wirelane
+echo "== the Debian package: build, install into a scratch root, check, remove"
+bash scripts/package-test.sh
 echo "== Miri and AddressSanitizer"
 bash scripts/sanitize.sh
 echo "== fuzz targets, ${FUZZ_SECONDS:-60} s each"

@@ -35,6 +35,7 @@ interface itself is deleted (wg-quick down); the process stops with its last int
 (unless --stay) or on SIGINT or SIGTERM, removing its sockets and interfaces.",
     after_help = "Environment:\n  \
 WIRELANE_POOL  the pool to join or start, as --pool\n  \
+WIRELANE_METRICS  ADDR:PORT to serve metrics on, as --metrics\n  \
 WIRELANE_LOG   log filter, e.g. info, debug, wirelane_dataplane=trace (overrides --log-level)\n  \
 LOG_LEVEL      wireguard-go compatible: verbose, error or silent\n\n\
 Examples:\n  wirelane wg0 && wg setconf wg0 wg0.conf && ip link set wg0 up\n  \
@@ -66,8 +67,9 @@ struct Cli {
           value_parser = clap::value_parser!(u16).range(1..=MAX_WORKERS as i64))]
     workers: Option<u16>,
 
-    /// Serve Prometheus metrics on http://ADDR:PORT/metrics (off by default). Listen on
-    /// loopback or a management address: the metrics name every peer's public key.
+    /// Serve Prometheus metrics on http://ADDR:PORT/metrics (default: $WIRELANE_METRICS;
+    /// off without it). Listen on loopback or a management address: the metrics name
+    /// every peer's public key.
     #[arg(long, value_name = "ADDR:PORT")]
     metrics: Option<std::net::SocketAddr>,
 
@@ -88,10 +90,16 @@ struct Cli {
     #[arg(long, conflicts_with = "ifnames")]
     list: bool,
 
+    /// Print the man page (man) or a shell completion script (complete-bash,
+    /// complete-zsh), and exit; for packages.
+    #[arg(long, value_name = "KIND", hide = true, exclusive = true,
+          value_parser = ["man", "complete-bash", "complete-zsh"])]
+    generate: Option<String>,
+
     /// Names of the interfaces to create, 1 to 15 characters each (none: an empty
     /// pool that stays, for tunnels to join; needs --pool and --stay).
     #[arg(value_name = "IFNAME", value_parser = parse_ifname,
-          required_unless_present_any = ["remove", "list", "stay"])]
+          required_unless_present_any = ["remove", "list", "stay", "generate"])]
     ifnames: Vec<String>,
 }
 
@@ -149,6 +157,14 @@ fn check(cli: &mut Cli) {
                 usage(format!("{POOL_ENV}: {e}"));
             }
             cli.pool = Some(p);
+        }
+    }
+    if cli.metrics.is_none() {
+        if let Ok(m) = std::env::var(METRICS_ENV) {
+            match m.parse() {
+                Ok(a) => cli.metrics = Some(a),
+                Err(_) => usage(format!("{METRICS_ENV}: '{m}' is not ADDR:PORT")),
+            }
         }
     }
     if (cli.remove.is_some() || cli.list || cli.stay) && cli.pool.is_none() {
@@ -218,6 +234,9 @@ fn join(pool_name: &str, ifnames: &[String]) -> Result<Joined, String> {
     }
     Ok(Joined::Done)
 }
+
+/// Where `--metrics` comes from when not given (the service unit sets it).
+const METRICS_ENV: &str = "WIRELANE_METRICS";
 
 /// Options that only a pool's first process applies.
 fn warn_ignored_on_join(cli: &Cli, pool_name: &str) {
@@ -356,8 +375,35 @@ fn run(cli: &Cli, readiness: &mut daemonize::Readiness) -> Result<(), String> {
     Ok(())
 }
 
+/// Writes what `--generate KIND` asks for to standard output.
+fn generate(kind: &str) -> ExitCode {
+    let mut cmd = Cli::command();
+    let mut out = std::io::stdout().lock();
+    let written = match kind {
+        "man" => clap_mangen::Man::new(cmd).section("8").render(&mut out),
+        shell => {
+            let shell = match shell {
+                "complete-zsh" => clap_complete::Shell::Zsh,
+                _ => clap_complete::Shell::Bash,
+            };
+            clap_complete::generate(shell, &mut cmd, "wirelane", &mut out);
+            Ok(())
+        }
+    };
+    match written {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("wirelane: cannot write: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let mut cli = Cli::parse();
+    if let Some(kind) = &cli.generate {
+        return generate(kind);
+    }
     check(&mut cli);
     if let Some(p) = &cli.pool {
         if let Some(n) = &cli.remove {

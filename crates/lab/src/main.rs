@@ -1,6 +1,6 @@
 //! `wirelane-lab`: run a measurement matrix, and report on its results.
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -23,6 +23,13 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
+    /// Print the man page (man) or a shell completion script (complete-bash,
+    /// complete-zsh); for packages.
+    #[command(hide = true)]
+    Generate {
+        #[arg(value_parser = ["man", "complete-bash", "complete-zsh"])]
+        kind: String,
+    },
     /// Run every cell of MATRIX (a TOML file), interleaving implementations, and write
     /// one JSON line per run to OUT/results.jsonl plus OUT/summary.md.
     Run {
@@ -525,10 +532,28 @@ fn wakeup(
     Ok(())
 }
 
+/// Writes what `generate KIND` asks for to standard output.
+fn generate(kind: &str) -> Result<()> {
+    let mut cmd = Cli::command();
+    let mut out = std::io::stdout().lock();
+    match kind {
+        "man" => clap_mangen::Man::new(cmd).section("1").render(&mut out)?,
+        shell => {
+            let shell = match shell {
+                "complete-zsh" => clap_complete::Shell::Zsh,
+                _ => clap_complete::Shell::Bash,
+            };
+            clap_complete::generate(shell, &mut cmd, "wirelane-lab", &mut out);
+        }
+    }
+    Ok(())
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     install_signal_handlers();
     let r = match &cli.cmd {
+        Cmd::Generate { kind } => generate(kind),
         Cmd::Run {
             matrix,
             out,

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# The Debian package, built from this tree and checked with the real tools: it
+# installs with dpkg into a scratch root (so the machine is not touched), the
+# installed wirelane answers --version and its man page renders, systemd-analyze
+# accepts the unit, the package declares what it needs, and dpkg -r removes every
+# file it installed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+deb=$(bash scripts/package.sh)
+echo "package: $deb"
+dpkg-deb -c "$deb"
+
+root=$(mktemp -d /tmp/wirelane-pkg.XXXXXX)
+trap 'rm -rf "$root"' EXIT
+mkdir -p "$root/var/lib/dpkg/info" "$root/var/lib/dpkg/updates"
+touch "$root/var/lib/dpkg/status"
+fail() { echo "package test: $*" >&2; exit 1; }
+
+depends=$(dpkg-deb -f "$deb" Depends)
+for d in wireguard-tools iproute2; do
+    [[ $depends == *"$d"* ]] || fail "Depends lacks $d: $depends"
+done
+
+# The scratch root has no wireguard-tools in its database: dependencies are checked
+# above, not by this dpkg.
+dpkg --root="$root" --log=/dev/null --force-depends -i "$deb"
+files=$(dpkg --root="$root" -L wirelane)
+
+version=$("$root/usr/bin/wirelane" --version)
+[[ $version == "wirelane $(dpkg-deb -f "$deb" Version)" ]] || fail "--version says '$version'"
+"$root/usr/bin/wirelane-lab" --version >/dev/null
+man_text=$(MANPATH="$root/usr/share/man" MANWIDTH=80 man wirelane 2>&1)
+[[ $man_text == *"--pool"* && $man_text == *"--metrics"* ]] || fail "man wirelane: $man_text"
+MANPATH="$root/usr/share/man" man -w wirelane-lab >/dev/null
+bash -n "$root/usr/share/bash-completion/completions/wirelane"
+grep -q -- '--metrics' "$root/usr/share/bash-completion/completions/wirelane"
+# The unit's Documentation= pages are in the scratch root, where man cannot see them.
+systemd-analyze verify --man=no "$root/lib/systemd/system/wirelane@.service"
+
+dpkg --root="$root" --log=/dev/null -r wirelane
+left=""
+while IFS= read -r f; do
+    [[ -f "$root$f" || -L "$root$f" ]] && left+=" $f"
+done <<<"$files"
+[[ -z $left ]] || fail "dpkg -r left:$left"
+echo "package test: installed, checked and removed $(grep -c . <<<"$files") paths"
