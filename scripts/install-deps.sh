@@ -17,6 +17,9 @@ command -v iptables >/dev/null 2>&1 || need_apt+=(iptables)
 command -v curl >/dev/null 2>&1 || need_apt+=(curl ca-certificates)
 command -v cc >/dev/null 2>&1 || need_apt+=(build-essential)
 command -v go >/dev/null 2>&1 || need_apt+=(golang-go)
+# The package test reads the installed man page and verifies the systemd unit.
+command -v man >/dev/null 2>&1 || need_apt+=(man-db)
+command -v systemd-analyze >/dev/null 2>&1 || need_apt+=(systemd)
 # The metrics test scrapes with a real Prometheus server and checks with promtool.
 installs_prometheus=0
 if ! command -v prometheus >/dev/null 2>&1 || ! command -v promtool >/dev/null 2>&1; then
