@@ -9,18 +9,42 @@ use crate::Result;
 use std::net::IpAddr;
 use std::path::PathBuf;
 use std::process::{Child, Stdio};
-use std::sync::{Mutex, OnceLock};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 use wirelane_dataplane::exec::Model;
 
 /// Which wirelane: this build or another one registered by name (for A/B runs), and
-/// the settings it runs with. Written `wirelane[@BUILD][:MODEL]`.
+/// the settings it runs with. Written `wirelane[@BUILD][:MODEL][+metrics]`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
 pub struct Flavor {
     /// Another build, by its index in [`builds`]; None: the one built with this lab.
     pub build: Option<u8>,
     /// The execution model (`--model`); None: the daemon's default.
     pub model: Option<Model>,
+    /// Serving metrics (`--metrics` on loopback), scraped every [`SCRAPE_EVERY`] while
+    /// it runs: what a Prometheus costs the data path.
+    pub scraped: bool,
+}
+
+/// Where a `+metrics` daemon serves them, in its own namespace.
+const METRICS_ADDR: &str = "127.0.0.1:9586";
+/// How often the lab scrapes a `+metrics` daemon: 15 times Prometheus's default rate,
+/// so that any cost a scrape puts on the data path shows.
+pub const SCRAPE_EVERY: Duration = Duration::from_secs(1);
+
+/// The daemon options a wirelane flavor adds to its command line.
+fn flavor_args(which: Impl) -> Vec<&'static str> {
+    let mut args = Vec::new();
+    if let Impl::Wirelane(fl) = which {
+        if let Some(m) = fl.model {
+            args.extend(["--model", m.name()]);
+        }
+        if fl.scraped {
+            args.extend(["--metrics", METRICS_ADDR]);
+        }
+    }
+    args
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -36,6 +60,7 @@ pub enum Impl {
 pub const WIRELANE: Impl = Impl::Wirelane(Flavor {
     build: None,
     model: None,
+    scraped: false,
 });
 
 pub const ALL: [Impl; 5] = [
@@ -98,6 +123,9 @@ impl std::fmt::Display for Impl {
                 if let Some(m) = fl.model {
                     write!(f, ":{m}")?;
                 }
+                if fl.scraped {
+                    f.write_str("+metrics")?;
+                }
                 Ok(())
             }
             Impl::WireguardGo => f.write_str("wireguard-go"),
@@ -113,8 +141,8 @@ impl std::str::FromStr for Impl {
     fn from_str(s: &str) -> std::result::Result<Self, String> {
         let unknown = || {
             format!(
-                "unknown implementation '{s}' (known: wirelane[@BUILD][:MODEL], wireguard-go, \
-                 boringtun, kernel, none; models: workqueue, threaded, softirq)"
+                "unknown implementation '{s}' (known: wirelane[@BUILD][:MODEL][+metrics], \
+                 wireguard-go, boringtun, kernel, none; models: workqueue, threaded, softirq)"
             )
         };
         let Some(rest) = s.strip_prefix("wirelane") else {
@@ -122,6 +150,10 @@ impl std::str::FromStr for Impl {
                 .into_iter()
                 .find(|i| i.name() == s)
                 .ok_or_else(unknown);
+        };
+        let (rest, scraped) = match rest.strip_suffix("+metrics") {
+            Some(r) => (r, true),
+            None => (rest, false),
         };
         let (rest, model) = match rest.split_once(':') {
             Some((r, m)) => (r, Some(m.parse::<Model>()?)),
@@ -138,7 +170,11 @@ impl std::str::FromStr for Impl {
                 Some(i as u8)
             }
         };
-        Ok(Impl::Wirelane(Flavor { build, model }))
+        Ok(Impl::Wirelane(Flavor {
+            build,
+            model,
+            scraped,
+        }))
     }
 }
 
@@ -252,6 +288,72 @@ pub struct Daemon {
     /// The namespace it was started in (where its UDP sockets live).
     pub ns: String,
     log: PathBuf,
+    /// Scrapes its metrics while it runs (`+metrics`).
+    scraper: Option<Scraper>,
+}
+
+/// A thread in the daemon's namespace that GETs its `/metrics` every [`SCRAPE_EVERY`].
+struct Scraper {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Scraper {
+    fn start(ns: &str) -> Scraper {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (flag, ns) = (stop.clone(), ns.to_string());
+        let thread = std::thread::spawn(move || {
+            if crate::netns::enter(&ns).is_err() {
+                return;
+            }
+            while !flag.load(Ordering::Relaxed) {
+                let next = Instant::now() + SCRAPE_EVERY;
+                // A failed scrape is not the data path's business; the next one retries.
+                let _ = scrape_once();
+                while !flag.load(Ordering::Relaxed) && Instant::now() < next {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+            }
+        });
+        Scraper {
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+/// One whole scrape: the request, and every byte of the answer.
+fn scrape_once() -> std::io::Result<usize> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(METRICS_ADDR)?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: lab\r\nConnection: close\r\n\r\n")?;
+    let mut answer = Vec::new();
+    s.read_to_end(&mut answer)
+}
+
+impl Drop for Scraper {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Starts scraping `d` if its flavor asks for it.
+fn scrape_if_asked(d: &mut Daemon) {
+    if let Impl::Wirelane(Flavor { scraped: true, .. }) = d.which {
+        d.scraper = Some(Scraper::start(&d.ns));
+    }
+}
+
+/// A `+metrics` daemon listens on loopback, which a fresh namespace has down.
+fn prepare_ns(which: Impl, ns: &Netns) -> Result<()> {
+    if let Impl::Wirelane(Flavor { scraped: true, .. }) = which {
+        ns.run("ip link set lo up")?;
+    }
+    Ok(())
 }
 
 impl Daemon {
@@ -265,6 +367,7 @@ impl Daemon {
             which: self.which,
             ns: self.ns.clone(),
             log: self.log.clone(),
+            scraper: None,
         }
     }
 
@@ -298,6 +401,7 @@ impl Drop for Daemon {
         if self.child.is_none() {
             return;
         }
+        self.scraper = None;
         // Generous: a process serving many tunnels unregisters each TUN as it goes,
         // and a killed one leaves its sockets behind.
         self.terminate(Duration::from_secs(10));
@@ -325,11 +429,9 @@ pub fn start_wirelane(
     extra: &[&str],
 ) -> Result<Vec<Daemon>> {
     let log = std::env::temp_dir().join(format!("{}.log", names[0]));
+    prepare_ns(which, ns)?;
     let mut cmd = ns.command(which.program()?.to_str().ok_or("non-UTF-8 path")?);
-    cmd.arg("-f").args(extra);
-    if let Impl::Wirelane(Flavor { model: Some(m), .. }) = which {
-        cmd.args(["--model", m.name()]);
-    }
+    cmd.arg("-f").args(extra).args(flavor_args(which));
     let child = cmd
         .args(names)
         .env("LOG_LEVEL", "error")
@@ -345,8 +447,10 @@ pub fn start_wirelane(
         which,
         ns: ns.name.clone(),
         log,
+        scraper: None,
     };
     wait_for_socket(&mut owner, names)?;
+    scrape_if_asked(&mut owner);
     let others: Vec<Daemon> = names[1..].iter().map(|n| owner.sharing(n)).collect();
     let mut all = vec![owner];
     all.extend(others);
@@ -388,13 +492,12 @@ pub fn start(which: Impl, ns: &Netns) -> Result<Daemon> {
             which,
             ns: ns.name.clone(),
             log,
+            scraper: None,
         });
     }
+    prepare_ns(which, ns)?;
     let mut cmd = ns.command(which.program()?.to_str().ok_or("non-UTF-8 path")?);
-    cmd.arg("-f");
-    if let Impl::Wirelane(Flavor { model: Some(m), .. }) = which {
-        cmd.args(["--model", m.name()]);
-    }
+    cmd.arg("-f").args(flavor_args(which));
     if which == Impl::Boringtun {
         cmd.arg("--disable-drop-privileges");
     }
@@ -413,9 +516,11 @@ pub fn start(which: Impl, ns: &Netns) -> Result<Daemon> {
         which,
         ns: ns.name.clone(),
         log,
+        scraper: None,
     };
     let names = [d.ifname.clone()];
     wait_for_socket(&mut d, &names)?;
+    scrape_if_asked(&mut d);
     Ok(d)
 }
 
@@ -509,5 +614,46 @@ impl Tunnel {
         p.sort_unstable();
         p.dedup();
         p
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn implementation_names_roundtrip() {
+        for name in [
+            "wirelane",
+            "wirelane:softirq",
+            "wirelane+metrics",
+            "wirelane:threaded+metrics",
+            "wireguard-go",
+            "boringtun",
+        ] {
+            let i: Impl = name.parse().unwrap();
+            assert_eq!(i.to_string(), name);
+        }
+        let scraped: Impl = "wirelane:workqueue+metrics".parse().unwrap();
+        assert!(matches!(
+            scraped,
+            Impl::Wirelane(Flavor {
+                scraped: true,
+                model: Some(Model::Workqueue),
+                build: None
+            })
+        ));
+        assert_eq!(
+            flavor_args(scraped),
+            ["--model", "workqueue", "--metrics", METRICS_ADDR]
+        );
+        for bad in [
+            "wirelane+",
+            "wirelane+metric",
+            "wirelane:nope",
+            "wireguard-go+metrics",
+        ] {
+            assert!(bad.parse::<Impl>().is_err(), "{bad}");
+        }
     }
 }

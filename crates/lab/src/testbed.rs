@@ -43,8 +43,8 @@ pub fn sh_ok(cmd: &str) -> String {
 pub fn wirelane_models() -> [Impl; 3] {
     Model::ALL.map(|m| {
         Impl::Wirelane(Flavor {
-            build: None,
             model: Some(m),
+            ..Flavor::default()
         })
     })
 }
