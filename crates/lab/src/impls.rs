@@ -322,8 +322,9 @@ impl Scraper {
     }
 }
 
-/// One whole scrape: the request, and every byte of the answer.
-fn scrape_once() -> std::io::Result<usize> {
+/// One whole scrape of a `+metrics` daemon from inside its namespace: the request, and
+/// every byte of the answer.
+pub fn scrape_once() -> std::io::Result<usize> {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(METRICS_ADDR)?;
     s.set_read_timeout(Some(Duration::from_secs(5)))?;
@@ -387,6 +388,11 @@ impl Daemon {
         let _ = c.kill();
         let _ = c.wait();
         None
+    }
+
+    /// Stops the lab's background scrapes of a `+metrics` daemon.
+    pub fn stop_scraping(&mut self) {
+        self.scraper = None;
     }
 
     /// What the daemon wrote to its standard error so far.

@@ -1,8 +1,9 @@
 //! Configuration scale: how long `wg setconf` takes to load N peers (each with its own
-//! /32 and /128) into an implementation, and what each idle peer costs in resident
-//! memory. Implementations run interleaved, each in a fresh namespace.
+//! /32 and /128) into an implementation, what each idle peer costs in resident memory,
+//! and, for a wirelane serving metrics (`+metrics`), the daemon CPU one scrape of all
+//! N peers costs. Implementations run interleaved, each in a fresh namespace.
 
-use crate::impls::{start, Impl};
+use crate::impls::{scrape_once, start, Daemon, Flavor, Impl};
 use crate::netns::Netns;
 use crate::stats::median;
 use crate::Result;
@@ -12,6 +13,46 @@ pub struct PeerLoad {
     pub implementation: Impl,
     pub seconds: Vec<f64>,
     pub bytes_per_peer: Vec<f64>,
+    /// Daemon CPU milliseconds per scrape of `/metrics` (`+metrics` only).
+    pub scrape_ms: Vec<f64>,
+}
+
+/// Scrapes per measurement of the scrape cost: the CPU clock counts in ticks of 10 ms.
+const SCRAPES: u32 = 20;
+
+/// CPU time a process has used (user and system), in seconds.
+fn cpu_seconds(pid: u32) -> Result<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // Fields after the command name, which may hold spaces, start at its ')'.
+    let rest = stat.rsplit_once(')').ok_or("malformed /proc stat")?.1;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let field = |i: usize| -> Result<u64> {
+        f.get(i)
+            .and_then(|v| v.parse().ok())
+            .ok_or_else(|| "malformed /proc stat".into())
+    };
+    let ticks = field(11)? + field(12)?;
+    // SAFETY: sysconf has no memory preconditions.
+    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    Ok(ticks as f64 / per_second)
+}
+
+/// Daemon CPU per scrape of all its peers, in milliseconds, over [`SCRAPES`] scrapes
+/// one after another (the background scraper stopped first).
+fn scrape_cost(d: &mut Daemon, pid: u32) -> Result<f64> {
+    d.stop_scraping();
+    let ns = d.ns.clone();
+    let before = cpu_seconds(pid)?;
+    std::thread::spawn(move || -> std::result::Result<(), String> {
+        crate::netns::enter(&ns).map_err(|e| e.to_string())?;
+        for _ in 0..SCRAPES {
+            scrape_once().map_err(|e| format!("scrape: {e}"))?;
+        }
+        Ok(())
+    })
+    .join()
+    .map_err(|_| "the scraping thread panicked")??;
+    Ok((cpu_seconds(pid)? - before) * 1e3 / f64::from(SCRAPES))
 }
 
 /// Resident memory of a process, in KiB.
@@ -59,12 +100,13 @@ pub fn run(impls: &[Impl], n: usize, repeats: usize) -> Result<Vec<PeerLoad>> {
             implementation: *i,
             seconds: Vec::new(),
             bytes_per_peer: Vec::new(),
+            scrape_ms: Vec::new(),
         })
         .collect();
     for _ in 0..repeats {
         for r in out.iter_mut() {
             let ns = Netns::new("labp")?;
-            let d = start(r.implementation, &ns)?;
+            let mut d = start(r.implementation, &ns)?;
             let pid = d.pid.ok_or("implementation has no daemon process")?;
             std::thread::sleep(std::time::Duration::from_millis(300));
             let before = rss_kib(pid)?;
@@ -83,6 +125,9 @@ pub fn run(impls: &[Impl], n: usize, repeats: usize) -> Result<Vec<PeerLoad>> {
             let after = rss_kib(pid)?;
             r.bytes_per_peer
                 .push(after.saturating_sub(before) as f64 * 1024.0 / n as f64);
+            if let Impl::Wirelane(Flavor { scraped: true, .. }) = r.implementation {
+                r.scrape_ms.push(scrape_cost(&mut d, pid)?);
+            }
         }
     }
     let _ = std::fs::remove_file(path);
@@ -91,12 +136,13 @@ pub fn run(impls: &[Impl], n: usize, repeats: usize) -> Result<Vec<PeerLoad>> {
 
 /// Markdown table of the medians.
 pub fn table(results: &[PeerLoad], n: usize) -> String {
-    let mut s = format!("| implementation | `wg setconf` of {n} peers, s (min–max) | resident memory per peer, bytes |\n|---|---|---|\n");
+    let mut s = format!("| implementation | `wg setconf` of {n} peers, s (min–max) | resident memory per peer, bytes | daemon CPU per scrape of /metrics, ms |\n|---|---|---|---|\n");
     for r in results {
         let lo = r.seconds.iter().copied().fold(f64::INFINITY, f64::min);
         let hi = r.seconds.iter().copied().fold(0.0, f64::max);
+        let scrape = median(&r.scrape_ms).map_or("—".to_string(), |m| format!("{m:.1}"));
         s.push_str(&format!(
-            "| {} | {:.3} ({lo:.3}–{hi:.3}) | {:.0} |\n",
+            "| {} | {:.3} ({lo:.3}–{hi:.3}) | {:.0} | {scrape} |\n",
             r.implementation.name(),
             median(&r.seconds).unwrap_or(0.0),
             median(&r.bytes_per_peer).unwrap_or(0.0)
