@@ -8,23 +8,13 @@
 use serde_json::Value;
 use std::io::{Read, Write};
 use std::net::{TcpStream, UdpSocket};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 use wirelane_lab::impls::{start_wirelane, WIRELANE};
 use wirelane_lab::testbed::*;
 
 const METRICS: &str = "127.0.0.1:9586";
 const PROMETHEUS: &str = "127.0.0.1:9090";
-
-/// A child process killed and reaped when the test ends, however it ends.
-struct Reaped(Child);
-
-impl Drop for Reaped {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// Runs `f` on a thread inside namespace `ns`.
 fn in_ns<T: Send + 'static>(ns: &Netns, f: impl FnOnce() -> T + Send + 'static) -> T {

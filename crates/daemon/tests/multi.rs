@@ -380,16 +380,6 @@ fn wg_quick_brings_two_tunnels_into_one_pool() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
-/// A foreground child, killed and reaped when the test ends, however it ends.
-struct Reaped(std::process::Child);
-
-impl Drop for Reaped {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// A pool started empty (as a service unit would start it) stays up with no tunnel,
 /// takes tunnels that join and gives them back, and refuses a second empty start.
 #[test]

@@ -257,6 +257,17 @@ pub fn configure_tunnel(pair: &Pair, a: &Daemon, b: &Daemon, i: u8) -> IpAddr {
     format!("10.80.{i}.2").parse().unwrap()
 }
 
+/// A child process (a daemon in the foreground, a server) killed and reaped when the
+/// test ends, however it ends.
+pub struct Reaped(pub std::process::Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// Sends `bytes` of a deterministic stream over TCP from namespace `from` to `to_addr`
 /// in namespace `to`, and verifies on the receiving side that every byte arrived
 /// intact and in order. Bounded by `timeout`.
