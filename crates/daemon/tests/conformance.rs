@@ -7,17 +7,6 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 use wirelane_lab::testbed::*;
 
-fn wait_until(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + timeout;
-    while Instant::now() < deadline {
-        if cond() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    panic!("timed out waiting for {what}");
-}
-
 /// A foreground wirelane for `ifname` in `ns`, as a child of the test.
 fn spawn_foreground(ns: &Netns, ifname: &str) -> std::process::Child {
     Command::new("ip")

@@ -8,23 +8,6 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 use wirelane_lab::testbed::*;
 
-fn wait_until(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + timeout;
-    while Instant::now() < deadline {
-        if cond() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    panic!("timed out waiting for {what}");
-}
-
-fn link_exists(ns: &Netns, ifname: &str) -> bool {
-    ns.try_run_ok(&format!("ip link show dev {ifname}"))
-        .status
-        .success()
-}
-
 #[test]
 fn wg_quick_up_and_down() {
     require_root();

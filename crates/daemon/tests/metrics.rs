@@ -63,14 +63,6 @@ fn body(answer: &str) -> &str {
     answer.split_once("\r\n\r\n").map_or("", |(_, b)| b)
 }
 
-fn wait_until(what: &str, limit: Duration, mut ok: impl FnMut() -> bool) {
-    let deadline = Instant::now() + limit;
-    while !ok() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(250));
-    }
-}
-
 /// The value of the single series `query` selects in Prometheus, if it has one.
 fn prom_value(ns: &Netns, query: &str) -> Option<f64> {
     let q: String = query

@@ -18,23 +18,6 @@ use wirelane_lab::testbed::*;
 /// handshake and cookie-proof socket readers.
 const READERS_PER_TUNNEL: usize = 7;
 
-fn wait_until(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + timeout;
-    while Instant::now() < deadline {
-        if cond() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    panic!("timed out waiting for {what}");
-}
-
-fn link_exists(ns: &Netns, ifname: &str) -> bool {
-    ns.try_run_ok(&format!("ip link show dev {ifname}"))
-        .status
-        .success()
-}
-
 /// The names of a process's threads.
 fn threads(pid: u32) -> Vec<String> {
     let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {

@@ -257,6 +257,26 @@ pub fn configure_tunnel(pair: &Pair, a: &Daemon, b: &Daemon, i: u8) -> IpAddr {
     format!("10.80.{i}.2").parse().unwrap()
 }
 
+/// Waits until `cond` holds, for at most `timeout`; fails the test naming `what`.
+/// Polls often at first (a restart is expected within milliseconds), then every
+/// 250 ms, so a slow condition (an HTTP query, a shell command) is not hammered.
+pub fn wait_until(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    let mut pause = Duration::from_millis(10);
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(250));
+    }
+}
+
+/// Whether interface `ifname` exists in namespace `ns`.
+pub fn link_exists(ns: &Netns, ifname: &str) -> bool {
+    ns.try_run_ok(&format!("ip link show dev {ifname}"))
+        .status
+        .success()
+}
+
 /// A child process (a daemon in the foreground, a server) killed and reaped when the
 /// test ends, however it ends.
 pub struct Reaped(pub std::process::Child);
