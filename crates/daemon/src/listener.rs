@@ -80,16 +80,7 @@ impl UapiListener {
             ensure_not_served(ifname)?;
             std::fs::remove_file(&path)?; // Stale socket of a process that died.
         }
-        // SAFETY: umask only changes this process's file-creation mask. It is set around
-        // bind so the socket never exists with looser permissions, even briefly.
-        let old = unsafe { libc::umask(0o077) };
-        let bound = UnixListener::bind(&path);
-        // SAFETY: as above, restoring the previous mask.
-        unsafe { libc::umask(old) };
-        let listener = bound?;
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
-        listener.set_nonblocking(true)?;
-        let inode = std::fs::metadata(&path)?.ino();
+        let (listener, inode) = bind_private(&path)?;
         let watch = watch_path(&path)?;
         Ok(UapiListener {
             listener,
@@ -135,9 +126,32 @@ impl UapiListener {
 
     /// Removes the socket file if it is still ours.
     pub fn remove(&self) {
-        if std::fs::symlink_metadata(&self.path).is_ok_and(|m| m.ino() == self.inode) {
-            let _ = std::fs::remove_file(&self.path);
-        }
+        remove_if_ours(&self.path, self.inode);
+    }
+}
+
+/// Binds a non-blocking listening socket at `path` that only its owner may use (mode
+/// 0600, from the moment it exists); returns it with the socket file's inode, by which
+/// [`remove_if_ours`] later tells our file from a successor's.
+pub fn bind_private(path: &Path) -> io::Result<(UnixListener, u64)> {
+    // SAFETY: umask only changes this process's file-creation mask. It is set around
+    // bind so the socket never exists with looser permissions, even briefly.
+    let old = unsafe { libc::umask(0o077) };
+    let bound = UnixListener::bind(path);
+    // SAFETY: as above, restoring the previous mask.
+    unsafe { libc::umask(old) };
+    let listener = bound?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    listener.set_nonblocking(true)?;
+    let inode = std::fs::metadata(path)?.ino();
+    Ok((listener, inode))
+}
+
+/// Removes the socket file at `path` if it is still the one with `inode`: a process
+/// that replaced it (a restart) keeps its own.
+pub fn remove_if_ours(path: &Path, inode: u64) {
+    if std::fs::symlink_metadata(path).is_ok_and(|m| m.ino() == inode) {
+        let _ = std::fs::remove_file(path);
     }
 }
 

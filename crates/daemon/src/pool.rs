@@ -15,7 +15,7 @@
 
 use std::io::{self, BufRead, BufReader, Write};
 use std::os::fd::{AsRawFd, RawFd};
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::MetadataExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -154,16 +154,7 @@ impl Control {
             }
             std::fs::remove_file(&path)?;
         }
-        // SAFETY: umask only changes this process's file-creation mask, set around bind
-        // so the socket never exists with looser permissions.
-        let old = unsafe { libc::umask(0o077) };
-        let bound = UnixListener::bind(&path);
-        // SAFETY: as above, restoring the previous mask.
-        unsafe { libc::umask(old) };
-        let listener = bound?;
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
-        listener.set_nonblocking(true)?;
-        let inode = std::fs::metadata(&path)?.ino();
+        let (listener, inode) = crate::listener::bind_private(&path)?;
         Ok(Control {
             listener,
             path,
@@ -195,9 +186,7 @@ impl Drop for Control {
     fn drop(&mut self) {
         let lock_path = self.path.with_extension("lock");
         let lock = lock_file(&lock_path);
-        if std::fs::symlink_metadata(&self.path).is_ok_and(|m| m.ino() == self.inode) {
-            let _ = std::fs::remove_file(&self.path);
-        }
+        crate::listener::remove_if_ours(&self.path, self.inode);
         if lock.is_ok() {
             let _ = std::fs::remove_file(&lock_path);
         }
