@@ -460,6 +460,16 @@ fn bad_tunnel_requests_change_nothing() {
         assert_eq!(uapi_owner(&other.ifname), other.pid(), "after {what}");
     };
 
+    // A request that fails with `code`, says why (`needle`), and changes nothing.
+    let refused = |args: &[&str], code: i32, needle: &str| {
+        let o = wirelane(&ns, args);
+        assert_eq!(o.status.code(), Some(code), "{args:?}: {o:?}");
+        assert!(
+            String::from_utf8_lossy(&o.stderr).contains(needle),
+            "{args:?}: {o:?}"
+        );
+        unchanged(&format!("{args:?}"));
+    };
     // Refused before anything is asked of anyone: exit code 2, as for any bad argument.
     for (args, needle) in [
         (vec!["--pool", &pool, &fresh, &fresh], "named twice"),
@@ -474,13 +484,7 @@ fn bad_tunnel_requests_change_nothing() {
             "not a valid interface name",
         ),
     ] {
-        let o = wirelane(&ns, &args);
-        assert_eq!(o.status.code(), Some(2), "{args:?}: {o:?}");
-        assert!(
-            String::from_utf8_lossy(&o.stderr).contains(needle),
-            "{args:?}: {o:?}"
-        );
-        unchanged(&format!("{args:?}"));
+        refused(&args, 2, needle);
     }
     // Refused by the pool or the kernel: exit code 1 and the reason.
     for (args, needle) in [
@@ -500,13 +504,7 @@ fn bad_tunnel_requests_change_nothing() {
         ),
         (vec!["-f", &fresh, &other.ifname], "already served"),
     ] {
-        let o = wirelane(&ns, &args);
-        assert_eq!(o.status.code(), Some(1), "{args:?}: {o:?}");
-        assert!(
-            String::from_utf8_lossy(&o.stderr).contains(needle),
-            "{args:?}: {o:?}"
-        );
-        unchanged(&format!("{args:?}"));
+        refused(&args, 1, needle);
     }
     // Garbage on the control socket gets an error line and nothing else.
     let ctl = std::fs::read_dir("/var/run/wireguard")
