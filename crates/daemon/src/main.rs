@@ -10,9 +10,10 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use wirelane_daemon::http::{MetricsServer, Render};
 use wirelane_daemon::pool::{self, Control, Request, POOL_ENV};
-use wirelane_daemon::supervisor::{open_tunnel, Stop, Supervisor, Tunnel};
+use wirelane_daemon::supervisor::{open_tunnel, Stop, Supervisor, Tunnel, TunnelOptions};
 use wirelane_daemon::{daemonize, metrics, parse_ifname, privileges};
 use wirelane_dataplane::exec::{Model, MAX_WORKERS};
+use wirelane_dataplane::fq_codel::QueueDiscipline;
 use wirelane_dataplane::Runtime;
 use wirelane_io::netlink::Monitor;
 
@@ -57,6 +58,13 @@ struct Cli {
     /// softirq (a higher-priority poller per core, as the kernel; for study).
     #[arg(long, value_name = "MODEL", default_value = "workqueue")]
     model: Model,
+
+    /// How transmit packets queue before encryption: fq-codel (flow fairness, so a
+    /// request does not wait behind a bulk transfer, and CoDel, which keeps each
+    /// flow's queue short by marking ECN-capable packets or dropping) or fifo (one
+    /// queue per peer, as kernel WireGuard; for comparison).
+    #[arg(long, value_name = "QUEUE", default_value = "fq-codel")]
+    queue: QueueDiscipline,
 
     /// Do not ask the TUN for checksum and segmentation offloads (IFF_VNET_HDR).
     #[arg(long)]
@@ -243,12 +251,13 @@ fn warn_ignored_on_join(cli: &Cli, pool_name: &str) {
     if cli.model != Model::Workqueue
         || cli.workers.is_some()
         || cli.no_offloads
+        || cli.queue != QueueDiscipline::default()
         || cli.stay
         || cli.metrics.is_some()
     {
         tracing::warn!(
             pool = pool_name,
-            "--model, --workers, --no-offloads, --stay and --metrics apply when a process \
+            "--model, --workers, --queue, --no-offloads, --stay and --metrics apply when a process \
              starts a pool; the running pool keeps its own"
         );
     }
@@ -299,10 +308,14 @@ fn run(cli: &Cli, readiness: &mut daemonize::Readiness) -> Result<(), String> {
     };
     // Everything that needs privileges, before they are dropped: the interfaces, and
     // the rtnetlink monitor that hears every namespace.
+    let opts = TunnelOptions {
+        offloads: !cli.no_offloads,
+        queue: cli.queue,
+    };
     let mut opened: Vec<(String, Tunnel)> = Vec::new();
     for n in &cli.ifnames {
         // On failure, what was opened drops: its sockets go, and its interfaces.
-        opened.push((n.clone(), open_tunnel(n, !cli.no_offloads)?));
+        opened.push((n.clone(), open_tunnel(n, opts)?));
     }
     let metrics_listener = cli
         .metrics
@@ -335,7 +348,7 @@ fn run(cli: &Cli, readiness: &mut daemonize::Readiness) -> Result<(), String> {
             .map_err(|e| format!("cannot start workers: {e}"))?,
     );
     let sup = Arc::new(
-        Supervisor::new(runtime.clone(), !cli.no_offloads, cli.stay)
+        Supervisor::new(runtime.clone(), opts, cli.stay)
             .map_err(|e| format!("cannot start: {e}"))?,
     );
     for (n, t) in opened {

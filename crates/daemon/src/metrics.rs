@@ -31,6 +31,8 @@ const DROP_REASONS: &[&str] = &[
     "tx_routing_loop",
     "tx_dropped",
     "tx_no_endpoint",
+    "tx_codel_dropped",
+    "tx_fq_overflow",
     "rx_malformed",
     "rx_unknown_index",
     "rx_auth_failed",

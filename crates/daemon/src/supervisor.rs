@@ -24,6 +24,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use wirelane_dataplane::fq_codel::QueueDiscipline;
 use wirelane_dataplane::{Interface, Runtime, Sockets};
 use wirelane_io::poll::Waker;
 use wirelane_io::tun::Tun;
@@ -35,16 +36,24 @@ pub struct Tunnel {
     conns: Connections,
 }
 
+/// What every tunnel of a process is opened with.
+#[derive(Debug, Clone, Copy)]
+pub struct TunnelOptions {
+    /// Ask the TUN for checksum and segmentation offloads.
+    pub offloads: bool,
+    pub queue: QueueDiscipline,
+}
+
 /// Creates the interface, sockets and UAPI socket of tunnel `ifname`, refusing a name
 /// another process serves. Runs before the runtime exists for the tunnels named at
 /// start (while privileges allow what only set-up needs), and on a pool's requests.
-pub fn open_tunnel(ifname: &str, offloads: bool) -> Result<Tunnel, String> {
+pub fn open_tunnel(ifname: &str, opts: TunnelOptions) -> Result<Tunnel, String> {
     listener::ensure_not_served(ifname).map_err(|e| e.to_string())?;
-    let tun = listener::retry_while_exiting(|| Tun::create(ifname, offloads))
+    let tun = listener::retry_while_exiting(|| Tun::create(ifname, opts.offloads))
         .map_err(|e| format!("cannot create TUN interface '{ifname}': {e}"))?;
     let sockets =
         Sockets::bind(0, 0).map_err(|e| format!("{ifname}: cannot bind UDP sockets: {e}"))?;
-    let iface = Interface::new(Box::new(tun), sockets)
+    let iface = Interface::new(Box::new(tun), sockets, opts.queue)
         .map_err(|e| format!("{ifname}: cannot create the interface: {e}"))?;
     let uapi = UapiListener::bind(ifname)
         .map_err(|e| format!("{ifname}: cannot create UAPI socket: {e}"))?;
@@ -77,7 +86,7 @@ pub struct Supervisor {
     /// Signalled when the set of tunnels changes or a UAPI connection ends, so the
     /// loop polls the new set (and the listeners again once there is room).
     changed: Arc<Waker>,
-    offloads: bool,
+    opts: TunnelOptions,
     stay: bool,
 }
 
@@ -89,12 +98,16 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 const RETIRE_PARALLEL: usize = 16;
 
 impl Supervisor {
-    pub fn new(runtime: Arc<Runtime>, offloads: bool, stay: bool) -> std::io::Result<Supervisor> {
+    pub fn new(
+        runtime: Arc<Runtime>,
+        opts: TunnelOptions,
+        stay: bool,
+    ) -> std::io::Result<Supervisor> {
         Ok(Supervisor {
             runtime,
             state: Mutex::default(),
             changed: Arc::new(Waker::new()?),
-            offloads,
+            opts,
             stay,
         })
     }
@@ -141,7 +154,7 @@ impl Supervisor {
                 return Err(format!("{ifname} is being added to this pool already"));
             }
         }
-        let opened = open_tunnel(ifname, self.offloads);
+        let opened = open_tunnel(ifname, self.opts);
         self.lock().pending.remove(ifname);
         // The loop may have been waiting for this request to end before it decides.
         self.changed.wake();

@@ -1,4 +1,5 @@
-//! Just enough of the inner IP header: version, addresses and total length.
+//! Just enough of the inner IP header: version, addresses and total length; the flow
+//! a packet belongs to; and its ECN field (RFC 3168), which the queue may mark.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
@@ -46,6 +47,72 @@ pub fn parse(pkt: &[u8]) -> Option<InnerHeader> {
     }
 }
 
+/// The ECN codepoints (RFC 3168 §5), the low two bits of the IPv4 TOS byte or of the
+/// IPv6 traffic class.
+pub const NOT_ECT: u8 = 0b00;
+pub const CE: u8 = 0b11;
+
+/// A hash of the packet's flow: addresses, protocol and, for TCP, UDP, UDP-Lite and
+/// SCTP when the header is the first (unfragmented IPv4, IPv6 without extension
+/// headers), the ports. Anything unparseable hashes to 0: one bucket for the oddities.
+/// Unkeyed: the queue it spreads is one peer's own, so a peer that made its flows
+/// collide would only slow itself.
+pub fn flow_hash(pkt: &[u8]) -> u32 {
+    let (addrs, proto, l4) = match pkt.first().map(|b| b >> 4) {
+        Some(4) if pkt.len() >= 20 => {
+            let ihl = (pkt[0] & 0x0f) as usize * 4;
+            let first_fragment = u16::from_be_bytes([pkt[6], pkt[7]]) & 0x1fff == 0;
+            (&pkt[12..20], pkt[9], first_fragment.then_some(ihl))
+        }
+        Some(6) if pkt.len() >= 40 => (&pkt[8..40], pkt[6], Some(40)),
+        _ => return 0,
+    };
+    let ports = match (proto, l4) {
+        (6 | 17 | 132 | 136, Some(at)) => pkt.get(at..at + 4).unwrap_or(&[]),
+        _ => &[],
+    };
+    let mut h: u64 = 0x9e37_79b9_7f4a_7c15 ^ proto as u64;
+    for chunk in addrs.chunks(8).chain(std::iter::once(ports)) {
+        let mut w = [0u8; 8];
+        w[..chunk.len()].copy_from_slice(chunk);
+        h = (h ^ u64::from_le_bytes(w)).wrapping_mul(0xff51_afd7_ed55_8ccd);
+        h ^= h >> 29;
+    }
+    (h ^ (h >> 32)) as u32
+}
+
+/// The packet's ECN field; `NOT_ECT` for anything that is not IPv4 or IPv6.
+pub fn ecn(pkt: &[u8]) -> u8 {
+    match pkt.first().map(|b| b >> 4) {
+        Some(4) if pkt.len() >= 20 => pkt[1] & 0b11,
+        Some(6) if pkt.len() >= 40 => (pkt[1] >> 4) & 0b11,
+        _ => NOT_ECT,
+    }
+}
+
+/// Sets Congestion Experienced on an ECN-capable packet (ECT(0), ECT(1) or already
+/// CE), updating the IPv4 header checksum incrementally (RFC 1624); false, and the
+/// packet unchanged, if it is not ECN-capable.
+pub fn set_ce(pkt: &mut [u8]) -> bool {
+    if ecn(pkt) == NOT_ECT {
+        return false;
+    }
+    if pkt[0] >> 4 == 4 {
+        let old = u16::from_be_bytes([pkt[0], pkt[1]]);
+        pkt[1] |= CE;
+        let new = u16::from_be_bytes([pkt[0], pkt[1]]);
+        // HC' = ~(~HC + ~m + m')
+        let hc = u16::from_be_bytes([pkt[10], pkt[11]]);
+        let mut sum = (!hc) as u32 + (!old) as u32 + new as u32;
+        sum = (sum & 0xffff) + (sum >> 16);
+        sum = (sum & 0xffff) + (sum >> 16);
+        pkt[10..12].copy_from_slice(&(!(sum as u16)).to_be_bytes());
+    } else {
+        pkt[1] |= CE << 4;
+    }
+    true
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -69,6 +136,81 @@ mod tests {
         let h = parse(&v6).unwrap();
         assert_eq!(h.src, "::1".parse::<IpAddr>().unwrap());
         assert_eq!(h.total_len, 48);
+    }
+
+    fn v4_checksum_ok(h: &[u8]) -> bool {
+        let mut sum: u32 = h[..20]
+            .chunks(2)
+            .map(|w| u16::from_be_bytes([w[0], w[1]]) as u32)
+            .sum();
+        while sum >> 16 != 0 {
+            sum = (sum & 0xffff) + (sum >> 16);
+        }
+        sum == 0xffff
+    }
+
+    #[test]
+    fn ce_marks_only_ecn_capable_packets_and_keeps_the_checksum_valid() {
+        let mut v4 = [0u8; 20];
+        v4[0] = 0x45;
+        v4[2..4].copy_from_slice(&20u16.to_be_bytes());
+        v4[8] = 64;
+        v4[9] = 6;
+        v4[12..20].copy_from_slice(&[10, 0, 0, 1, 10, 0, 0, 2]);
+        for (tos, capable) in [
+            (0x00u8, false),
+            (0x02, true),
+            (0x01, true),
+            (0xb8, false),
+            (0xba, true),
+        ] {
+            let mut p = v4;
+            p[1] = tos;
+            let mut sum: u32 = p
+                .chunks(2)
+                .map(|w| u16::from_be_bytes([w[0], w[1]]) as u32)
+                .sum();
+            sum = (sum & 0xffff) + (sum >> 16);
+            p[10..12].copy_from_slice(&(!(sum as u16)).to_be_bytes());
+            assert!(v4_checksum_ok(&p));
+            assert_eq!(set_ce(&mut p), capable, "tos {tos:#x}");
+            assert_eq!(ecn(&p) == CE, capable);
+            assert_eq!(p[1] & !CE, tos & !CE, "DSCP kept");
+            assert!(v4_checksum_ok(&p), "tos {tos:#x}");
+        }
+        let mut v6 = [0u8; 40];
+        v6[0] = 0x60;
+        assert!(!set_ce(&mut v6));
+        assert_eq!(v6[1], 0);
+        v6[1] = 0x20; // ECT(0)
+        assert!(set_ce(&mut v6));
+        assert_eq!(ecn(&v6), CE);
+        assert_eq!(v6[0], 0x60);
+        assert!(!set_ce(&mut [0x45u8; 4]), "too short to be IPv4");
+    }
+
+    #[test]
+    fn flows_hash_by_addresses_protocol_and_ports() {
+        let mut a = [0u8; 40];
+        a[0] = 0x45;
+        a[9] = 6;
+        a[12..20].copy_from_slice(&[10, 0, 0, 1, 10, 0, 0, 2]);
+        a[20..24].copy_from_slice(&[0x1f, 0x90, 0xc0, 0x00]);
+        let mut b = a;
+        b[23] = 1; // another source port
+        let mut c = a;
+        c[1] = 0xb8; // DSCP is no part of the flow
+        c[4] = 7; // nor the IP ID
+        assert_ne!(flow_hash(&a), flow_hash(&b));
+        assert_eq!(flow_hash(&a), flow_hash(&c));
+        // A later fragment has no ports: it hashes by addresses and protocol only.
+        let mut frag = a;
+        frag[7] = 1;
+        let mut frag2 = b;
+        frag2[7] = 1;
+        assert_eq!(flow_hash(&frag), flow_hash(&frag2));
+        assert_eq!(flow_hash(&[]), 0);
+        assert_eq!(flow_hash(&[0x45; 10]), 0);
     }
 
     #[test]

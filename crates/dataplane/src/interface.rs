@@ -8,6 +8,7 @@
 //! `indices` → `timers`. Nothing holds a lock across crypto, and only the UAPI takes
 //! `table` for writing.
 
+use crate::fq_codel::QueueDiscipline;
 use crate::netwatch::NetWatch;
 use crate::peer::Peer;
 use crate::ports::TunPort;
@@ -59,6 +60,8 @@ pub struct Interface {
     /// Unique among the runtime's interfaces, for as long as the process runs.
     pub id: u32,
     pub tun: Box<dyn TunPort>,
+    /// How transmit packets queue before their nonce.
+    pub queue: QueueDiscipline,
     origin: Instant,
     identity: RwLock<Option<Arc<LocalIdentity>>>,
     table: RwLock<PeerTable>,
@@ -122,7 +125,11 @@ impl Interface {
     /// A new interface around `tun` and `sockets`. Opens its rtnetlink view at once
     /// (see `NetWatch::new` for why before privileges are dropped). It carries no
     /// traffic until a runtime serves it (`Runtime::serve`).
-    pub fn new(tun: Box<dyn TunPort>, sockets: Sockets) -> std::io::Result<Arc<Interface>> {
+    pub fn new(
+        tun: Box<dyn TunPort>,
+        sockets: Sockets,
+        queue: QueueDiscipline,
+    ) -> std::io::Result<Arc<Interface>> {
         static NEXT_ID: AtomicU32 = AtomicU32::new(0);
         let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
         let (handshake_tx, handshake_rx) = crossbeam_channel::bounded(MAX_QUEUED_HANDSHAKES);
@@ -135,6 +142,7 @@ impl Interface {
         Ok(Arc::new(Interface {
             id,
             tun,
+            queue,
             origin: Instant::now(),
             identity: RwLock::new(None),
             table: RwLock::new(PeerTable::default()),

@@ -14,6 +14,9 @@
 pub mod config;
 #[cfg(not(loom))]
 pub mod exec;
+/// FQ-CoDel: flow fairness and a sojourn-time controller before the nonce stage.
+#[cfg(not(loom))]
+pub mod fq_codel;
 #[cfg(not(loom))]
 pub mod icmp;
 #[cfg(not(loom))]

@@ -96,6 +96,18 @@ impl Packet {
     }
 }
 
+/// A TX packet in its peer's flow queue: plaintext, before its nonce.
+impl crate::fq_codel::Queued for Packet {
+    fn bytes(&self) -> usize {
+        self.len
+    }
+
+    fn mark_ce(&mut self) -> bool {
+        let len = self.len;
+        crate::inner::set_ce(&mut self.buf[HEADROOM..HEADROOM + len])
+    }
+}
+
 impl Drop for Packet {
     fn drop(&mut self) {
         pool::give(std::mem::take(&mut self.buf));

@@ -1,9 +1,10 @@
 //! A peer at run time: its protocol state behind one mutex, its staged packets (waiting
-//! for a session), its two ordered queues, and its counters.
+//! for a session), its transmit flow queues, its two ordered queues, and its counters.
 //!
 //! Lock order (outermost first): device peer table → `state` → index table. The state
 //! mutex is held only for protocol bookkeeping, never during crypto or I/O.
 
+use crate::fq_codel::SharedFlowQueues;
 use crate::packet::Batch;
 use crate::packet::Packet;
 use crate::queue::OrderedQueue;
@@ -24,6 +25,8 @@ pub struct Peer {
     pub public_key: [u8; 32],
     state: Mutex<PeerState>,
     staged: Mutex<VecDeque<Packet>>,
+    /// Transmit packets before their nonce, with `--queue fq-codel` (see `stages::fq`).
+    pub tx_fq: SharedFlowQueues<Packet>,
     pub tx_queue: OrderedQueue<Batch>,
     pub rx_queue: OrderedQueue<Batch>,
     pub rx_bytes: AtomicU64,
@@ -59,6 +62,7 @@ impl Peer {
             public_key,
             state: Mutex::new(PeerState::new(public_key, psk)),
             staged: Mutex::new(VecDeque::new()),
+            tx_fq: SharedFlowQueues::default(),
             tx_queue: OrderedQueue::default(),
             rx_queue: OrderedQueue::default(),
             rx_bytes: AtomicU64::new(0),
@@ -141,6 +145,8 @@ impl Peer {
         self.take_staged();
         self.tx_queue.clear();
         self.rx_queue.clear();
+        self.tx_fq.lock().clear();
+        self.tx_fq.wake_waiters();
     }
 
     pub fn is_removed(&self) -> bool {

@@ -43,6 +43,17 @@ counters! {
     tx_dropped,
     /// Datagrams that could not be sent because the peer has no endpoint.
     tx_no_endpoint,
+    /// FQ-CoDel: packets CoDel dropped (sojourn above target for an interval), packets
+    /// it marked CE instead, and packets dropped from the fattest flow when a peer's
+    /// flow queues stayed full.
+    tx_codel_dropped,
+    tx_codel_marked,
+    tx_fq_overflow,
+    /// FQ-CoDel: packets that left the flow queues, the sum of their sojourn times
+    /// there (the mean is the quotient), and the longest sojourn seen.
+    tx_fq_dequeued,
+    tx_fq_sojourn_ns,
+    tx_fq_sojourn_max_ns,
     /// Datagrams that are not WireGuard messages at all.
     rx_malformed,
     /// Transport messages for an unknown receiver index or an expired keypair.

@@ -13,15 +13,18 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 use wirelane_dataplane::exec::Model;
+use wirelane_dataplane::fq_codel::QueueDiscipline;
 
 /// Which wirelane: this build or another one registered by name (for A/B runs), and
-/// the settings it runs with. Written `wirelane[@BUILD][:MODEL][+metrics]`.
+/// the settings it runs with. Written `wirelane[@BUILD][:MODEL][+QUEUE][+metrics]`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
 pub struct Flavor {
     /// Another build, by its index in [`builds`]; None: the one built with this lab.
     pub build: Option<u8>,
     /// The execution model (`--model`); None: the daemon's default.
     pub model: Option<Model>,
+    /// The queue discipline (`--queue`: `+fq-codel` or `+fifo`); None: the default.
+    pub queue: Option<QueueDiscipline>,
     /// Serving metrics (`--metrics` on loopback), scraped every [`SCRAPE_EVERY`] while
     /// it runs: what a Prometheus costs the data path.
     pub scraped: bool,
@@ -39,6 +42,9 @@ fn flavor_args(which: Impl) -> Vec<&'static str> {
     if let Impl::Wirelane(fl) = which {
         if let Some(m) = fl.model {
             args.extend(["--model", m.name()]);
+        }
+        if let Some(q) = fl.queue {
+            args.extend(["--queue", q.name()]);
         }
         if fl.scraped {
             args.extend(["--metrics", METRICS_ADDR]);
@@ -60,6 +66,7 @@ pub enum Impl {
 pub const WIRELANE: Impl = Impl::Wirelane(Flavor {
     build: None,
     model: None,
+    queue: None,
     scraped: false,
 });
 
@@ -123,6 +130,9 @@ impl std::fmt::Display for Impl {
                 if let Some(m) = fl.model {
                     write!(f, ":{m}")?;
                 }
+                if let Some(q) = fl.queue {
+                    write!(f, "+{q}")?;
+                }
                 if fl.scraped {
                     f.write_str("+metrics")?;
                 }
@@ -141,8 +151,9 @@ impl std::str::FromStr for Impl {
     fn from_str(s: &str) -> std::result::Result<Self, String> {
         let unknown = || {
             format!(
-                "unknown implementation '{s}' (known: wirelane[@BUILD][:MODEL][+metrics], \
-                 wireguard-go, boringtun, kernel, none; models: workqueue, threaded, softirq)"
+                "unknown implementation '{s}' (known: wirelane[@BUILD][:MODEL][+QUEUE][+metrics], \
+                 wireguard-go, boringtun, kernel, none; models: workqueue, threaded, softirq; \
+                 queues: fq-codel, fifo)"
             )
         };
         let Some(rest) = s.strip_prefix("wirelane") else {
@@ -154,6 +165,10 @@ impl std::str::FromStr for Impl {
         let (rest, scraped) = match rest.strip_suffix("+metrics") {
             Some(r) => (r, true),
             None => (rest, false),
+        };
+        let (rest, queue) = match rest.rsplit_once('+') {
+            Some((r, q)) => (r, Some(q.parse::<QueueDiscipline>()?)),
+            None => (rest, None),
         };
         let (rest, model) = match rest.split_once(':') {
             Some((r, m)) => (r, Some(m.parse::<Model>()?)),
@@ -173,6 +188,7 @@ impl std::str::FromStr for Impl {
         Ok(Impl::Wirelane(Flavor {
             build,
             model,
+            queue,
             scraped,
         }))
     }
@@ -634,6 +650,8 @@ mod tests {
             "wirelane:softirq",
             "wirelane+metrics",
             "wirelane:threaded+metrics",
+            "wirelane+fifo",
+            "wirelane:workqueue+fq-codel+metrics",
             "wireguard-go",
             "boringtun",
         ] {
@@ -646,6 +664,7 @@ mod tests {
             Impl::Wirelane(Flavor {
                 scraped: true,
                 model: Some(Model::Workqueue),
+                queue: None,
                 build: None
             })
         ));
@@ -653,10 +672,17 @@ mod tests {
             flavor_args(scraped),
             ["--model", "workqueue", "--metrics", METRICS_ADDR]
         );
+        let fifo: Impl = "wirelane:threaded+fifo".parse().unwrap();
+        assert_eq!(
+            flavor_args(fifo),
+            ["--model", "threaded", "--queue", "fifo"]
+        );
         for bad in [
             "wirelane+",
             "wirelane+metric",
             "wirelane:nope",
+            "wirelane+lifo",
+            "wirelane:threaded+fifo+",
             "wireguard-go+metrics",
         ] {
             assert!(bad.parse::<Impl>().is_err(), "{bad}");

@@ -1,6 +1,6 @@
 //! The pipeline's stages, one per file, in the order of design.md §4:
 //!
-//! TX: tun_read → route → nonce → encrypt (parallel) → tx_flush (per-peer ordered)
+//! TX: tun_read → route → fq (flow queue, with `--queue fq-codel`) → nonce → encrypt (parallel) → tx_flush (per-peer ordered)
 //! RX: udp_recv → classify → decrypt (parallel) → rx_deliver (per-peer ordered)
 //! and beside them: gate (handshake messages, on the UDP reader) → handshake (its own
 //! bounded lanes and thread), and timers. `protocol` is not a stage: it is the protocol
@@ -13,6 +13,7 @@
 pub mod classify;
 pub mod decrypt;
 pub mod encrypt;
+pub mod fq;
 pub mod gate;
 pub mod handshake;
 pub mod nonce;

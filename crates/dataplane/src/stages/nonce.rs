@@ -18,6 +18,7 @@
 
 use super::protocol::{send_to_peer, take_step};
 use super::StageCtx;
+use crate::fq_codel::QueueDiscipline;
 use crate::packet::{Batch, Packet, MAX_BATCH};
 use crate::peer::Peer;
 use crate::sched::{CryptWork, Direction};
@@ -27,11 +28,19 @@ use std::time::Duration;
 use wirelane_proto::{Ctx, Output, PeerState};
 
 /// Longest a reader waits for room in a peer's queue before dropping.
-const BACKPRESSURE_WAIT: Duration = Duration::from_millis(100);
+pub(crate) const BACKPRESSURE_WAIT: Duration = Duration::from_millis(100);
 
 /// What the TUN reader does with `route`'s groups: each peer's packets in chunks of at
 /// most a batch, each chunk after waiting for room in the peer's queue.
+/// With `--queue fq-codel` the groups go to the flow queue stage instead (`fq`), which
+/// feeds this stage as the ordered queue drains.
 pub fn enqueue_routed(c: StageCtx<'_>, groups: Vec<(Arc<Peer>, Vec<Packet>)>) {
+    if c.iface.queue == QueueDiscipline::FqCodel {
+        for (peer, group) in groups {
+            super::fq::enqueue(c, &peer, group);
+        }
+        return;
+    }
     for (peer, mut group) in groups {
         while !group.is_empty() {
             let rest = group.split_off(group.len().min(MAX_BATCH));

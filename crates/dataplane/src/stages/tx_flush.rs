@@ -2,10 +2,12 @@
 //! batch at its head sent to the peer's endpoint in queue order, then timer
 //! bookkeeping. Runs of equal-sized datagrams go out as one UDP GSO send (UDP_SEGMENT);
 //! where the kernel refuses that, sendmmsg. Runs as one work item per peer at a time
-//! (see `OrderedQueue`).
+//! (see `OrderedQueue`). With `--queue fq-codel` it then pumps the peer's flow queues
+//! into the room it made (`fq::pump`).
 
 use super::nonce::step;
 use super::StageCtx;
+use crate::fq_codel::QueueDiscipline;
 use crate::peer::Peer;
 use crate::ports::UdpPort;
 use crate::queue::Drained;
@@ -94,6 +96,10 @@ pub fn flush(c: StageCtx<'_>, peer: &Arc<Peer>, budget: usize) -> Drained {
     dev.stats.record_serial_run(&drained);
     if sent_any {
         step(c, peer, |state, ctx, _| state.on_sent(ctx, sent_data));
+    }
+    // The ordered queue has room now: let the flow queues refill it.
+    if dev.queue == QueueDiscipline::FqCodel && drained.packets > 0 {
+        super::fq::pump(c, peer);
     }
     drained
 }

@@ -1,0 +1,111 @@
+//! Stage TX-3a, flow queue (`--queue fq-codel`, the default). Input: one peer's routed
+//! packets from the TUN reader. Output: the same packets in deficit-round-robin order
+//! over their flows, less CoDel's drops and with its CE marks (`fq_codel`), handed to
+//! the nonce stage while the peer's ordered queue holds fewer than [`RING_PACKETS`].
+//!
+//! Why before the nonce: a packet with a counter must leave in counter order, so
+//! fairness, drops and marks can only happen before it gets one. The ordered queue
+//! behind this one is kept short because every packet in it is ahead of any new flow's
+//! packet: its bound is the wait a sparse flow sees behind a bulk one.
+//!
+//! The pump (moving packets on) runs on the TUN reader after each enqueue and on the
+//! serial TX stage after each flush, which is when the ordered queue gains room. It
+//! assigns counters with the flow queues locked, so the order it dequeues a flow's
+//! packets in is their counter order; see `SharedFlowQueues` for the hand-off between
+//! pumps. Handshake messages and keepalives never pass through here.
+
+use super::nonce::{assign_and_enqueue, BACKPRESSURE_WAIT};
+use super::StageCtx;
+use crate::fq_codel::Verdicts;
+use crate::inner::flow_hash;
+use crate::packet::{Packet, MAX_BATCH};
+use crate::peer::Peer;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+/// Most packets the pump lets into a peer's ordered queue (counted until they are
+/// sent): four batches, two for the crypt workers and two sealed or being sent, so the
+/// pipeline never idles for want of work while a new flow's packet waits behind at most
+/// that many.
+pub const RING_PACKETS: usize = 4 * MAX_BATCH;
+
+/// Queues `packets` of `peer` by flow, then pumps. The reader waits while the peer's
+/// flow queues are full, as it does on the FIFO; after [`BACKPRESSURE_WAIT`] it makes
+/// room by dropping from the fattest flow.
+pub fn enqueue(c: StageCtx<'_>, peer: &Arc<Peer>, packets: Vec<Packet>) {
+    let now = c.iface.now().as_nanos() as u64;
+    let mut overflow = 0u64;
+    {
+        let mut q = peer.tx_fq.lock_with_room(packets.len(), BACKPRESSURE_WAIT);
+        for p in packets {
+            if q.len() >= crate::fq_codel::FQ_LIMIT && q.drop_from_fattest() {
+                overflow += 1;
+            }
+            q.enqueue(flow_hash(p.plaintext()), p, now);
+        }
+    }
+    if overflow > 0 {
+        c.iface
+            .stats
+            .tx_fq_overflow
+            .fetch_add(overflow, Ordering::Relaxed);
+    }
+    pump(c, peer);
+}
+
+/// Moves packets from `peer`'s flow queues into the nonce stage while its ordered queue
+/// has room. Never waits: if another thread holds the queues, that thread pumps again.
+pub fn pump(c: StageCtx<'_>, peer: &Arc<Peer>) {
+    let fq = &peer.tx_fq;
+    loop {
+        fq.pump_again.store(true, Ordering::SeqCst);
+        let Some(mut q) = fq.try_lock() else {
+            return;
+        };
+        let mut v = Verdicts::default();
+        while fq.pump_again.swap(false, Ordering::SeqCst) {
+            loop {
+                let room = RING_PACKETS.saturating_sub(peer.tx_queue.queued_packets());
+                if room == 0 || q.is_empty() || peer.is_removed() {
+                    break;
+                }
+                let now = c.iface.now().as_nanos() as u64;
+                let want = room.min(MAX_BATCH);
+                let mut chunk = Vec::with_capacity(want);
+                while chunk.len() < want {
+                    match q.dequeue(now, &mut v) {
+                        Some(p) => chunk.push(p),
+                        None => break,
+                    }
+                }
+                fq.wake_waiters();
+                if chunk.is_empty() {
+                    break;
+                }
+                assign_and_enqueue(c, peer, chunk);
+            }
+        }
+        drop(q);
+        record(c, &v);
+        if !fq.pump_again.load(Ordering::SeqCst) {
+            return;
+        }
+    }
+}
+
+fn record(c: StageCtx<'_>, v: &Verdicts) {
+    let s = &c.iface.stats;
+    if v.dropped > 0 {
+        s.tx_codel_dropped.fetch_add(v.dropped, Ordering::Relaxed);
+    }
+    if v.marked > 0 {
+        s.tx_codel_marked.fetch_add(v.marked, Ordering::Relaxed);
+    }
+    if v.delivered > 0 {
+        s.tx_fq_dequeued.fetch_add(v.delivered, Ordering::Relaxed);
+        s.tx_fq_sojourn_ns
+            .fetch_add(v.sojourn_ns, Ordering::Relaxed);
+        s.tx_fq_sojourn_max_ns
+            .fetch_max(v.sojourn_max_ns, Ordering::Relaxed);
+    }
+}
