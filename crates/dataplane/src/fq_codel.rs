@@ -17,10 +17,11 @@
 //! mutex, and whoever holds that mutex also assigns nonces to what it dequeues, so the
 //! order of one flow's packets is the order of their counters.
 
+use crate::queue::RoomWaiters;
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Condvar, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::sync::atomic::AtomicBool;
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
 
 /// How a peer's transmit direction queues packets before the nonce stage.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
@@ -309,10 +310,10 @@ impl<T: Queued> FlowQueues<T> {
     /// RFC 8289's dequeue for bucket `i`.
     fn codel_dequeue(&mut self, i: usize, now: u64, v: &mut Verdicts) -> Option<T> {
         let (mut head, mut ok_to_drop) = self.do_dequeue(i, now);
-        let Some((_, _)) = head else {
+        if head.is_none() {
             self.flows[i].codel.dropping = false;
             return None;
-        };
+        }
         if self.flows[i].codel.dropping {
             if !ok_to_drop {
                 self.flows[i].codel.dropping = false;
@@ -364,7 +365,7 @@ impl<T: Queued> FlowQueues<T> {
 pub const FQ_LIMIT: usize = 4096;
 
 /// A peer's flow queues as the pipeline shares them: the queues under a mutex, a
-/// condition variable for the reader waiting for room, and the pump hand-off flag.
+/// reader waiting for room (`RoomWaiters`), and the pump hand-off flag.
 ///
 /// Race and invariant (the pump, see `stages::fq`): whoever wants the queues pumped sets
 /// `pump_again` and then tries the lock; whoever holds the lock clears the flag before
@@ -374,8 +375,7 @@ pub const FQ_LIMIT: usize = 4096;
 /// cannot deadlock on it.
 pub struct SharedFlowQueues<T> {
     queues: Mutex<FlowQueues<T>>,
-    room: Condvar,
-    waiting: AtomicUsize,
+    room: RoomWaiters,
     pub pump_again: AtomicBool,
 }
 
@@ -383,8 +383,7 @@ impl<T: Queued> Default for SharedFlowQueues<T> {
     fn default() -> Self {
         SharedFlowQueues {
             queues: Mutex::new(FlowQueues::new(CodelParams::default())),
-            room: Condvar::new(),
-            waiting: AtomicUsize::new(0),
+            room: RoomWaiters::default(),
             pump_again: AtomicBool::new(false),
         }
     }
@@ -408,30 +407,13 @@ impl<T: Queued> SharedFlowQueues<T> {
     /// Locks the queues once `n` more packets fit under [`FQ_LIMIT`], or `timeout`
     /// passed (the caller then makes room by dropping).
     pub fn lock_with_room(&self, n: usize, timeout: Duration) -> MutexGuard<'_, FlowQueues<T>> {
-        let deadline = Instant::now() + timeout;
-        let mut q = self.lock();
-        while q.len() + n > FQ_LIMIT {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                break;
-            }
-            // Counted under the lock, so a pump that sees 0 cannot miss a waiter.
-            self.waiting.fetch_add(1, Ordering::Relaxed);
-            q = self
-                .room
-                .wait_timeout(q, left)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
-            self.waiting.fetch_sub(1, Ordering::Relaxed);
-        }
-        q
+        let full = |q: &FlowQueues<T>| q.len() + n > FQ_LIMIT;
+        self.room.wait_while(self.lock(), timeout, full).0
     }
 
     /// Wakes a reader waiting for room. Call with the queues locked, after dequeuing.
     pub fn wake_waiters(&self) {
-        if self.waiting.load(Ordering::Relaxed) > 0 {
-            self.room.notify_all();
-        }
+        self.room.wake();
     }
 }
 

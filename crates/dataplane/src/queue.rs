@@ -64,14 +64,62 @@ struct State<T> {
 
 pub struct OrderedQueue<T: Ordered> {
     state: Mutex<State<T>>,
-    /// Signalled when batches leave while a producer waits for room.
-    room: Condvar,
-    /// Producers blocked in `wait_for_room`. Changed and read only with `state`
-    /// locked, so a drain that sees 0 cannot miss a waiter: the waiter counts itself
-    /// before the condvar wait releases the lock. It saves a `futex` wake syscall on
-    /// every drain when nobody waits, which is nearly always.
-    waiting: AtomicUsize,
+    /// Producers waiting in `wait_for_room`, woken when batches leave.
+    room: RoomWaiters,
     packets: AtomicUsize,
+}
+
+/// Producers waiting for room in a bounded queue, and the condition variable they wait
+/// on with the queue's lock. The count is changed and read only with that lock held,
+/// so a consumer that sees 0 cannot miss a waiter: the waiter counts itself before the
+/// condvar wait releases the lock. It saves a `futex` wake syscall on every dequeue
+/// when nobody waits, which is nearly always.
+pub struct RoomWaiters {
+    room: Condvar,
+    waiting: AtomicUsize,
+}
+
+impl Default for RoomWaiters {
+    fn default() -> Self {
+        RoomWaiters {
+            room: Condvar::new(),
+            waiting: AtomicUsize::new(0),
+        }
+    }
+}
+
+impl RoomWaiters {
+    /// Waits, with `guard` (the queue's lock) released meanwhile, while `full` holds
+    /// and at most `timeout`. Returns the guard and whether there is room.
+    pub fn wait_while<'a, G>(
+        &self,
+        mut guard: MutexGuard<'a, G>,
+        timeout: Duration,
+        mut full: impl FnMut(&G) -> bool,
+    ) -> (MutexGuard<'a, G>, bool) {
+        let deadline = Instant::now() + timeout;
+        while full(&guard) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return (guard, false);
+            }
+            self.waiting.fetch_add(1, Ordering::Relaxed);
+            guard = self
+                .room
+                .wait_timeout(guard, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+            self.waiting.fetch_sub(1, Ordering::Relaxed);
+        }
+        (guard, true)
+    }
+
+    /// Wakes every waiter, if there is one. Call with the queue's lock held.
+    pub fn wake(&self) {
+        if self.waiting.load(Ordering::Relaxed) > 0 {
+            self.room.notify_all();
+        }
+    }
 }
 
 impl<T: Ordered> Default for OrderedQueue<T> {
@@ -81,8 +129,7 @@ impl<T: Ordered> Default for OrderedQueue<T> {
                 batches: VecDeque::new(),
                 scheduled: false,
             }),
-            room: Condvar::new(),
-            waiting: AtomicUsize::new(0),
+            room: RoomWaiters::default(),
             packets: AtomicUsize::new(0),
         }
     }
@@ -105,22 +152,9 @@ impl<T: Ordered> OrderedQueue<T> {
     /// for. Waiting instead of dropping is the backpressure that keeps TCP from seeing
     /// losses that are only a full queue.
     pub fn wait_for_room(&self, npackets: usize, timeout: Duration) -> bool {
-        let deadline = Instant::now() + timeout;
-        let mut q = self.lock();
-        while self.packets.load(Ordering::Relaxed) + npackets > MAX_QUEUED_PACKETS {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return false;
-            }
-            self.waiting.fetch_add(1, Ordering::Relaxed);
-            q = self
-                .room
-                .wait_timeout(q, left)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
-            self.waiting.fetch_sub(1, Ordering::Relaxed);
-        }
-        true
+        let full =
+            |_: &State<T>| self.packets.load(Ordering::Relaxed) + npackets > MAX_QUEUED_PACKETS;
+        self.room.wait_while(self.lock(), timeout, full).1
     }
 
     fn lock(&self) -> MutexGuard<'_, State<T>> {
@@ -182,9 +216,7 @@ impl<T: Ordered> OrderedQueue<T> {
 
     /// Wakes producers waiting for room. Call with `state` locked.
     fn wake_waiters(&self) {
-        if self.waiting.load(Ordering::Relaxed) > 0 {
-            self.room.notify_all();
-        }
+        self.room.wake();
     }
 
     pub fn queued_packets(&self) -> usize {
