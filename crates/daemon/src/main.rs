@@ -8,12 +8,14 @@ use std::io;
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::Duration;
 use wirelane_daemon::http::{MetricsServer, Render};
 use wirelane_daemon::pool::{self, Control, Request, POOL_ENV};
 use wirelane_daemon::supervisor::{open_tunnel, Stop, Supervisor, Tunnel, TunnelOptions};
 use wirelane_daemon::{daemonize, metrics, parse_ifname, privileges};
+use wirelane_dataplane::codel::CodelParams;
 use wirelane_dataplane::exec::{Model, MAX_WORKERS};
-use wirelane_dataplane::fq_codel::QueueDiscipline;
+use wirelane_dataplane::fq_codel::{QueueDiscipline, QueuePolicy};
 use wirelane_dataplane::Runtime;
 use wirelane_io::netlink::Monitor;
 
@@ -66,6 +68,17 @@ struct Cli {
     #[arg(long, value_name = "QUEUE", default_value = "fq-codel")]
     queue: QueueDiscipline,
 
+    /// CoDel's target with fq-codel: the standing sojourn a queue may keep, in both
+    /// directions (e.g. 500us, 5ms).
+    #[arg(long, value_name = "DURATION", default_value = "5ms", value_parser = parse_duration)]
+    codel_target: Duration,
+
+    /// CoDel's interval with fq-codel: how long the sojourn must stay above target
+    /// before the first drop or mark, and the base of their spacing; about the longest
+    /// round trip expected of the tunnel's inner flows.
+    #[arg(long, value_name = "DURATION", default_value = "100ms", value_parser = parse_duration)]
+    codel_interval: Duration,
+
     /// Do not ask the TUN for checksum and segmentation offloads (IFF_VNET_HDR).
     #[arg(long)]
     no_offloads: bool,
@@ -109,6 +122,27 @@ struct Cli {
     #[arg(value_name = "IFNAME", value_parser = parse_ifname,
           required_unless_present_any = ["remove", "list", "stay", "generate"])]
     ifnames: Vec<String>,
+}
+
+/// A duration of `<integer><unit>`, the unit one of ns, us, ms and s, between 1 us
+/// and 10 s.
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let at = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (digits, unit) = s.split_at(at);
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("'{s}' is not a duration such as 500us or 5ms"))?;
+    let d = match unit {
+        "ns" => Duration::from_nanos(n),
+        "us" => Duration::from_micros(n),
+        "ms" => Duration::from_millis(n),
+        "s" => Duration::from_secs(n),
+        _ => return Err(format!("'{s}': the unit must be ns, us, ms or s")),
+    };
+    if d < Duration::from_micros(1) || d > Duration::from_secs(10) {
+        return Err(format!("'{s}' is outside 1us..=10s"));
+    }
+    Ok(d)
 }
 
 fn parse_pool(s: &str) -> Result<String, String> {
@@ -252,12 +286,14 @@ fn warn_ignored_on_join(cli: &Cli, pool_name: &str) {
         || cli.workers.is_some()
         || cli.no_offloads
         || cli.queue != QueueDiscipline::default()
+        || cli.codel_target != CodelParams::RFC_TARGET
+        || cli.codel_interval != CodelParams::RFC_INTERVAL
         || cli.stay
         || cli.metrics.is_some()
     {
         tracing::warn!(
             pool = pool_name,
-            "--model, --workers, --queue, --no-offloads, --stay and --metrics apply when a process \
+            "--model, --workers, --queue, --codel-*, --no-offloads, --stay and --metrics apply when a process \
              starts a pool; the running pool keeps its own"
         );
     }
@@ -310,7 +346,10 @@ fn run(cli: &Cli, readiness: &mut daemonize::Readiness) -> Result<(), String> {
     // the rtnetlink monitor that hears every namespace.
     let opts = TunnelOptions {
         offloads: !cli.no_offloads,
-        queue: cli.queue,
+        queue: QueuePolicy {
+            discipline: cli.queue,
+            codel: CodelParams::new(cli.codel_target, cli.codel_interval),
+        },
     };
     let mut opened: Vec<(String, Tunnel)> = Vec::new();
     for n in &cli.ifnames {

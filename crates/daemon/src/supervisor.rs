@@ -24,7 +24,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use wirelane_dataplane::fq_codel::QueueDiscipline;
+use wirelane_dataplane::fq_codel::QueuePolicy;
 use wirelane_dataplane::{Interface, Runtime, Sockets};
 use wirelane_io::poll::Waker;
 use wirelane_io::tun::Tun;
@@ -41,7 +41,7 @@ pub struct Tunnel {
 pub struct TunnelOptions {
     /// Ask the TUN for checksum and segmentation offloads.
     pub offloads: bool,
-    pub queue: QueueDiscipline,
+    pub queue: QueuePolicy,
 }
 
 /// Creates the interface, sockets and UAPI socket of tunnel `ifname`, refusing a name

@@ -17,6 +17,7 @@
 //! mutex, and whoever holds that mutex also assigns nonces to what it dequeues, so the
 //! order of one flow's packets is the order of their counters.
 
+use crate::codel::{Codel, CodelParams};
 use crate::queue::RoomWaiters;
 use std::collections::VecDeque;
 use std::sync::atomic::AtomicBool;
@@ -61,6 +62,15 @@ impl std::str::FromStr for QueueDiscipline {
     }
 }
 
+/// How an interface manages its queues: the transmit discipline, and CoDel's
+/// parameters for the transmit flow queues and the receive side's controller (which
+/// runs with fq-codel only; see `stages::rx_deliver`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct QueuePolicy {
+    pub discipline: QueueDiscipline,
+    pub codel: CodelParams,
+}
+
 /// Flow buckets per peer. One peer of a gateway is usually one host or a small site:
 /// 64 buckets keep two of its flows apart with probability 63/64, and an idle peer pays
 /// nothing for them (they are allocated on first use).
@@ -85,30 +95,6 @@ pub trait Queued {
     fn mark_ce(&mut self) -> bool;
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CodelParams {
-    /// Acceptable standing sojourn, ns.
-    pub target: u64,
-    /// The window a sojourn above target must persist for before the first drop, and
-    /// the base of the drop spacing, ns: on the order of the worst expected RTT.
-    pub interval: u64,
-    /// Mark ECN-capable packets instead of dropping them.
-    pub ecn: bool,
-}
-
-impl Default for CodelParams {
-    /// RFC 8289's defaults (5 ms, 100 ms): they suit paths of up to a few hundred ms of
-    /// RTT, which a tunnel's inner flows may cross; the standing queue they allow is a
-    /// bulk flow's own, since DRR lets sparse flows pass it.
-    fn default() -> Self {
-        CodelParams {
-            target: 5_000_000,
-            interval: 100_000_000,
-            ecn: true,
-        }
-    }
-}
-
 /// What a dequeue did besides returning a packet: the controller's drops and marks.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Verdicts {
@@ -118,17 +104,6 @@ pub struct Verdicts {
     pub sojourn_ns: u64,
     pub sojourn_max_ns: u64,
     pub delivered: u64,
-}
-
-/// CoDel's per-bucket state (RFC 8289 §5).
-#[derive(Debug, Default, Clone, Copy)]
-struct Codel {
-    /// When the sojourn first went above target, plus an interval; 0 when below.
-    first_above: u64,
-    drop_next: u64,
-    count: u32,
-    last_count: u32,
-    dropping: bool,
 }
 
 struct Flow<T> {
@@ -156,20 +131,20 @@ pub struct FlowQueues<T> {
     new_flows: VecDeque<usize>,
     old_flows: VecDeque<usize>,
     packets: usize,
-    params: CodelParams,
 }
 
-impl<T: Queued> FlowQueues<T> {
-    pub fn new(params: CodelParams) -> Self {
+impl<T> Default for FlowQueues<T> {
+    fn default() -> Self {
         FlowQueues {
             flows: Vec::new(),
             new_flows: VecDeque::new(),
             old_flows: VecDeque::new(),
             packets: 0,
-            params,
         }
     }
+}
 
+impl<T: Queued> FlowQueues<T> {
     /// Packets queued over all buckets.
     pub fn len(&self) -> usize {
         self.packets
@@ -222,9 +197,9 @@ impl<T: Queued> FlowQueues<T> {
         }
     }
 
-    /// The next packet by DRR over the buckets, after CoDel's drops and marks at the
-    /// heads it visits; None when every bucket is empty.
-    pub fn dequeue(&mut self, now: u64, v: &mut Verdicts) -> Option<T> {
+    /// The next packet by DRR over the buckets, after CoDel's drops and marks (with
+    /// `params`) at the heads it visits; None when every bucket is empty.
+    pub fn dequeue(&mut self, params: &CodelParams, now: u64, v: &mut Verdicts) -> Option<T> {
         loop {
             let (from_new, i) = match self.new_flows.front() {
                 Some(&i) => (true, i),
@@ -236,7 +211,7 @@ impl<T: Queued> FlowQueues<T> {
                 self.old_flows.push_back(i);
                 continue;
             }
-            match self.codel_dequeue(i, now, v) {
+            match self.codel_dequeue(params, i, now, v) {
                 Some(p) => {
                     self.flows[i].deficit -= p.bytes() as i32;
                     return Some(p);
@@ -263,98 +238,33 @@ impl<T: Queued> FlowQueues<T> {
         }
     }
 
-    fn pop(&mut self, i: usize, now: u64) -> Option<(T, u64)> {
-        let f = &mut self.flows[i];
-        let (at, p) = f.packets.pop_front()?;
-        f.bytes -= p.bytes();
-        self.packets -= 1;
-        Some((p, now.saturating_sub(at)))
-    }
-
-    /// RFC 8289's `dodequeue`: pops the head and says whether the sojourn has been
-    /// above target for at least an interval.
-    fn do_dequeue(&mut self, i: usize, now: u64) -> (Option<(T, u64)>, bool) {
-        let Some((p, sojourn)) = self.pop(i, now) else {
-            self.flows[i].codel.first_above = 0;
-            return (None, false);
-        };
-        let params = self.params;
-        let f = &mut self.flows[i];
-        // A queue of at most one full packet is no standing queue, whatever its age.
-        if sojourn < params.target || f.bytes <= MAX_PACKET {
-            f.codel.first_above = 0;
-            return (Some((p, sojourn)), false);
-        }
-        if f.codel.first_above == 0 {
-            f.codel.first_above = now + params.interval;
-            return (Some((p, sojourn)), false);
-        }
-        (Some((p, sojourn)), now >= f.codel.first_above)
-    }
-
-    fn control_law(&self, t: u64, count: u32) -> u64 {
-        t + (self.params.interval as f64 / (count.max(1) as f64).sqrt()) as u64
-    }
-
-    /// Drops `p` or, if ECN applies and it is ECN-capable, marks it; Some(p) when
-    /// marked (it is delivered).
-    fn drop_or_mark(&self, mut p: T, v: &mut Verdicts) -> Option<T> {
-        if self.params.ecn && p.mark_ce() {
-            v.marked += 1;
-            return Some(p);
-        }
-        v.dropped += 1;
-        None
-    }
-
-    /// RFC 8289's dequeue for bucket `i`.
-    fn codel_dequeue(&mut self, i: usize, now: u64, v: &mut Verdicts) -> Option<T> {
-        let (mut head, mut ok_to_drop) = self.do_dequeue(i, now);
-        if head.is_none() {
-            self.flows[i].codel.dropping = false;
-            return None;
-        }
-        if self.flows[i].codel.dropping {
-            if !ok_to_drop {
-                self.flows[i].codel.dropping = false;
-            }
-            while self.flows[i].codel.dropping && now >= self.flows[i].codel.drop_next {
-                let (p, sojourn) = head.take()?;
-                self.flows[i].codel.count += 1;
-                let count = self.flows[i].codel.count;
-                let next = self.control_law(self.flows[i].codel.drop_next, count);
-                self.flows[i].codel.drop_next = next;
-                if let Some(p) = self.drop_or_mark(p, v) {
-                    return Some(deliver(p, sojourn, v));
-                }
-                (head, ok_to_drop) = self.do_dequeue(i, now);
-                if head.is_none() || !ok_to_drop {
-                    self.flows[i].codel.dropping = false;
-                }
-            }
-        } else if ok_to_drop {
-            let (p, sojourn) = head.take()?;
-            let c = self.flows[i].codel;
-            // Re-entering soon after leaving: resume near the old rate (RFC 8289 §5.4).
-            let delta = c.count.saturating_sub(c.last_count);
-            let count = if delta > 1 && now.saturating_sub(c.drop_next) < 16 * self.params.interval
-            {
-                delta
-            } else {
-                1
+    /// RFC 8289's dequeue for bucket `i`: pops heads until one is neither dropped
+    /// nor marked by the bucket's controller, or a marked one, and returns it.
+    fn codel_dequeue(
+        &mut self,
+        params: &CodelParams,
+        i: usize,
+        now: u64,
+        v: &mut Verdicts,
+    ) -> Option<T> {
+        loop {
+            let f = &mut self.flows[i];
+            let Some((at, mut p)) = f.packets.pop_front() else {
+                f.codel.on_empty();
+                return None;
             };
-            let drop_next = self.control_law(now, count);
-            let f = &mut self.flows[i].codel;
-            f.dropping = true;
-            f.count = count;
-            f.last_count = count;
-            f.drop_next = drop_next;
-            match self.drop_or_mark(p, v) {
-                Some(p) => return Some(deliver(p, sojourn, v)),
-                None => head = self.do_dequeue(i, now).0,
+            f.bytes -= p.bytes();
+            self.packets -= 1;
+            let sojourn = now.saturating_sub(at);
+            if !f.codel.judge(params, now, sojourn, f.bytes > MAX_PACKET) {
+                return Some(deliver(p, sojourn, v));
             }
+            if params.ecn && p.mark_ce() {
+                v.marked += 1;
+                return Some(deliver(p, sojourn, v));
+            }
+            v.dropped += 1;
         }
-        head.map(|(p, sojourn)| deliver(p, sojourn, v))
     }
 }
 
@@ -382,7 +292,7 @@ pub struct SharedFlowQueues<T> {
 impl<T: Queued> Default for SharedFlowQueues<T> {
     fn default() -> Self {
         SharedFlowQueues {
-            queues: Mutex::new(FlowQueues::new(CodelParams::default())),
+            queues: Mutex::new(FlowQueues::default()),
             room: RoomWaiters::default(),
             pump_again: AtomicBool::new(false),
         }

@@ -1,6 +1,7 @@
 //! FQ-CoDel on a simulated nanosecond clock.
 
 use super::*;
+use crate::codel::CodelParams;
 
 const MS: u64 = 1_000_000;
 
@@ -39,6 +40,7 @@ fn p(flow: u32, seq: u32, ect: bool) -> P {
 /// mark happened.
 fn standing(
     q: &mut FlowQueues<P>,
+    params: &CodelParams,
     depth: u32,
     gap: u64,
     from: u64,
@@ -58,7 +60,7 @@ fn standing(
         q.enqueue(1, p(1, seq, ect), now);
         seq += 1;
         let before = (v.dropped, v.marked);
-        let _ = q.dequeue(now, &mut v);
+        let _ = q.dequeue(params, now, &mut v);
         if (v.dropped, v.marked) != before {
             events.push(now);
         }
@@ -68,18 +70,26 @@ fn standing(
 
 #[test]
 fn codel_leaves_a_queue_below_target_alone() {
-    let mut q = FlowQueues::new(CodelParams::default());
+    let mut q = FlowQueues::default();
     // 10 packets at one per 100 µs: a sojourn of about 1 ms, under the 5 ms target.
-    let (v, _) = standing(&mut q, 10, 100_000, 0, 2_000 * MS, false);
+    let (v, _) = standing(&mut q, &CodelParams::RFC, 10, 100_000, 0, 2_000 * MS, false);
     assert_eq!((v.dropped, v.marked), (0, 0));
     assert!(v.delivered > 19_000);
 }
 
 #[test]
 fn codel_drops_after_an_interval_above_target_then_faster() {
-    let mut q = FlowQueues::new(CodelParams::default());
+    let mut q = FlowQueues::default();
     // 100 packets at one per 100 µs: 10 ms of sojourn, twice the target.
-    let (v, events) = standing(&mut q, 100, 100_000, 0, 1_000 * MS, false);
+    let (v, events) = standing(
+        &mut q,
+        &CodelParams::RFC,
+        100,
+        100_000,
+        0,
+        1_000 * MS,
+        false,
+    );
     assert_eq!(v.marked, 0);
     // Nothing before the first interval has passed above target.
     assert!(events[0] >= 100 * MS, "first drop at {} ns", events[0]);
@@ -97,28 +107,44 @@ fn codel_drops_after_an_interval_above_target_then_faster() {
 
 #[test]
 fn codel_stops_when_the_sojourn_recovers() {
-    let mut q = FlowQueues::new(CodelParams::default());
-    let (_, events) = standing(&mut q, 100, 100_000, 0, 500 * MS, false);
+    let mut q = FlowQueues::default();
+    let (_, events) = standing(&mut q, &CodelParams::RFC, 100, 100_000, 0, 500 * MS, false);
     assert!(!events.is_empty());
     // Drain to a short queue, then keep it short: no more drops.
     let mut v = Verdicts::default();
     let mut now = 500 * MS;
     while q.len() > 5 {
         now += 10_000;
-        q.dequeue(now, &mut v);
+        q.dequeue(&CodelParams::RFC, now, &mut v);
     }
-    let (v, events) = standing(&mut q, 5, 100_000, now, now + 1_000 * MS, false);
+    let (v, events) = standing(
+        &mut q,
+        &CodelParams::RFC,
+        5,
+        100_000,
+        now,
+        now + 1_000 * MS,
+        false,
+    );
     assert_eq!(v.dropped, 0, "{events:?}");
 }
 
 #[test]
 fn ecn_capable_packets_are_marked_and_others_dropped() {
-    let mut q = FlowQueues::new(CodelParams::default());
-    let (v, _) = standing(&mut q, 100, 100_000, 0, 1_000 * MS, true);
+    let mut q = FlowQueues::default();
+    let (v, _) = standing(&mut q, &CodelParams::RFC, 100, 100_000, 0, 1_000 * MS, true);
     assert!(v.marked > 0);
     assert_eq!(v.dropped, 0);
-    let mut q = FlowQueues::new(CodelParams::default());
-    let (v, _) = standing(&mut q, 100, 100_000, 0, 1_000 * MS, false);
+    let mut q = FlowQueues::default();
+    let (v, _) = standing(
+        &mut q,
+        &CodelParams::RFC,
+        100,
+        100_000,
+        0,
+        1_000 * MS,
+        false,
+    );
     assert!(v.dropped > 0);
     assert_eq!(v.marked, 0);
     // With ECN off, even capable packets are dropped.
@@ -126,32 +152,41 @@ fn ecn_capable_packets_are_marked_and_others_dropped() {
         ecn: false,
         ..CodelParams::default()
     };
-    let mut q = FlowQueues::new(params);
-    let (v, _) = standing(&mut q, 100, 100_000, 0, 1_000 * MS, true);
+    let mut q = FlowQueues::default();
+    let (v, _) = standing(&mut q, &params, 100, 100_000, 0, 1_000 * MS, true);
     assert!(v.dropped > 0);
     assert_eq!(v.marked, 0);
 }
 
 #[test]
 fn a_sparse_flow_passes_a_bulk_flow() {
-    let mut q = FlowQueues::new(CodelParams::default());
+    let mut q = FlowQueues::default();
     let mut v = Verdicts::default();
     for seq in 0..500 {
         q.enqueue(1, p(1, seq, false), 0);
     }
     // The bulk flow has used its first quantum (it is an old flow now)...
     for _ in 0..QUANTUM as usize / 1400 + 2 {
-        assert_eq!(q.dequeue(MS, &mut v).map(|x| x.flow), Some(1));
+        assert_eq!(
+            q.dequeue(&CodelParams::RFC, MS, &mut v).map(|x| x.flow),
+            Some(1)
+        );
     }
     // ...so a request that arrives now leaves next, ahead of ~450 bulk packets.
     q.enqueue(2, p(2, 0, false), MS);
-    assert_eq!(q.dequeue(MS, &mut v).map(|x| x.flow), Some(2));
-    assert_eq!(q.dequeue(MS, &mut v).map(|x| x.flow), Some(1));
+    assert_eq!(
+        q.dequeue(&CodelParams::RFC, MS, &mut v).map(|x| x.flow),
+        Some(2)
+    );
+    assert_eq!(
+        q.dequeue(&CodelParams::RFC, MS, &mut v).map(|x| x.flow),
+        Some(1)
+    );
 }
 
 #[test]
 fn drr_shares_equally_between_backlogged_flows_and_keeps_each_in_order() {
-    let mut q = FlowQueues::new(CodelParams::default());
+    let mut q = FlowQueues::default();
     let mut v = Verdicts::default();
     // Three flows of 1,400-byte packets, backlogged over 9 quanta each.
     let per_quantum = QUANTUM as u32 / 1400 + 1;
@@ -163,7 +198,9 @@ fn drr_shares_equally_between_backlogged_flows_and_keeps_each_in_order() {
     let mut counts = [0u32; 4];
     let mut last = [None::<u32>; 4];
     for _ in 0..27 * per_quantum {
-        let x = q.dequeue(MS, &mut v).expect("backlogged");
+        let x = q
+            .dequeue(&CodelParams::RFC, MS, &mut v)
+            .expect("backlogged");
         counts[x.flow as usize] += 1;
         assert!(last[x.flow as usize].is_none_or(|l| l < x.seq), "reordered");
         last[x.flow as usize] = Some(x.seq);
@@ -179,7 +216,7 @@ fn drr_shares_equally_between_backlogged_flows_and_keeps_each_in_order() {
 
 #[test]
 fn overflow_drops_from_the_fattest_flow() {
-    let mut q = FlowQueues::new(CodelParams::default());
+    let mut q = FlowQueues::default();
     for seq in 0..10 {
         q.enqueue(1, p(1, seq, false), 0);
     }
@@ -187,7 +224,7 @@ fn overflow_drops_from_the_fattest_flow() {
     assert!(q.drop_from_fattest());
     assert_eq!(q.len(), 10);
     let mut v = Verdicts::default();
-    let all: Vec<P> = std::iter::from_fn(|| q.dequeue(0, &mut v)).collect();
+    let all: Vec<P> = std::iter::from_fn(|| q.dequeue(&CodelParams::RFC, 0, &mut v)).collect();
     assert!(all.iter().any(|x| x.flow == 2));
     assert_eq!(all.iter().filter(|x| x.flow == 1).count(), 9);
     assert!(!all.iter().any(|x| x.flow == 1 && x.seq == 0));
@@ -195,9 +232,9 @@ fn overflow_drops_from_the_fattest_flow() {
 
 #[test]
 fn an_empty_queue_dequeues_nothing_and_counts_nothing() {
-    let mut q: FlowQueues<P> = FlowQueues::new(CodelParams::default());
+    let mut q: FlowQueues<P> = FlowQueues::default();
     let mut v = Verdicts::default();
-    assert!(q.dequeue(0, &mut v).is_none());
+    assert!(q.dequeue(&CodelParams::RFC, 0, &mut v).is_none());
     assert!(!q.drop_from_fattest());
     assert_eq!(v, Verdicts::default());
 }

@@ -8,7 +8,8 @@
 //! `indices` → `timers`. Nothing holds a lock across crypto, and only the UAPI takes
 //! `table` for writing.
 
-use crate::fq_codel::QueueDiscipline;
+use crate::codel::{Codel, CodelParams};
+use crate::fq_codel::{QueueDiscipline, QueuePolicy};
 use crate::netwatch::NetWatch;
 use crate::peer::Peer;
 use crate::ports::TunPort;
@@ -62,6 +63,12 @@ pub struct Interface {
     pub tun: Box<dyn TunPort>,
     /// How transmit packets queue before their nonce.
     pub queue: QueueDiscipline,
+    /// CoDel's parameters, for both directions.
+    pub codel: CodelParams,
+    /// The receive side's controller, with fq-codel: one per interface, since its
+    /// queue, the socket buffer and the pipeline behind it, is shared by every peer
+    /// (its drops then land on peers in proportion to their traffic).
+    pub rx_codel: Mutex<Codel>,
     origin: Instant,
     identity: RwLock<Option<Arc<LocalIdentity>>>,
     table: RwLock<PeerTable>,
@@ -128,7 +135,7 @@ impl Interface {
     pub fn new(
         tun: Box<dyn TunPort>,
         sockets: Sockets,
-        queue: QueueDiscipline,
+        policy: QueuePolicy,
     ) -> std::io::Result<Arc<Interface>> {
         static NEXT_ID: AtomicU32 = AtomicU32::new(0);
         let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
@@ -142,7 +149,9 @@ impl Interface {
         Ok(Arc::new(Interface {
             id,
             tun,
-            queue,
+            queue: policy.discipline,
+            codel: policy.codel,
+            rx_codel: Mutex::new(Codel::default()),
             origin: Instant::now(),
             identity: RwLock::new(None),
             table: RwLock::new(PeerTable::default()),

@@ -11,6 +11,7 @@
 //! With `--cfg loom`, only the ordered queue is built, for its model checks.
 
 #[cfg(not(loom))]
+pub mod codel;
 pub mod config;
 #[cfg(not(loom))]
 pub mod exec;

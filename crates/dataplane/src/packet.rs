@@ -37,6 +37,10 @@ pub struct Packet {
     /// TX: the MTU of a route with its own that the packet follows, which its padding
     /// respects; 0 for the device's.
     pub route_mtu: u32,
+    /// RX: when the kernel received the datagram (CLOCK_REALTIME ns), 0 if unknown.
+    pub rx_time_ns: u64,
+    /// RX: the outer header's ECN field.
+    pub outer_ecn: u8,
     /// Set by the crypt stage: the packet authenticated (RX) or was sealed (TX).
     pub ok: bool,
 }
@@ -56,6 +60,8 @@ impl Packet {
             src: None,
             local: None,
             route_mtu: 0,
+            rx_time_ns: 0,
+            outer_ecn: 0,
             ok: false,
         }
     }

@@ -14,6 +14,10 @@ macro_rules! counters {
             /// bucket `i` counts invocations that handled `[2^(i-1), 2^i)` packets, and
             /// bucket 0 those that handled none.
             pub serial_packets_hist: [AtomicU64; SERIAL_HIST_BUCKETS],
+            /// Received packets by sojourn (see `rx_sojourn_ns`), in buckets of powers
+            /// of two microseconds: bucket `i` counts sojourns in `[2^(i-1), 2^i)` µs,
+            /// bucket 0 those under 1 µs, the last everything longer.
+            pub rx_sojourn_hist: [AtomicU64; SOJOURN_HIST_BUCKETS],
         }
 
         impl Stats {
@@ -23,6 +27,9 @@ macro_rules! counters {
                 let mut v = vec![$((stringify!($name).to_string(), self.$name.load(Ordering::Relaxed)),)*];
                 for (i, b) in self.serial_packets_hist.iter().enumerate() {
                     v.push((format!("serial_packets_hist_{}", hist_lower_bound(i)), b.load(Ordering::Relaxed)));
+                }
+                for (i, b) in self.rx_sojourn_hist.iter().enumerate() {
+                    v.push((format!("rx_sojourn_hist_us_{}", hist_lower_bound(i)), b.load(Ordering::Relaxed)));
                 }
                 v
             }
@@ -70,6 +77,18 @@ counters! {
     rx_tun_write_failed,
     /// Received transport messages dropped because the peer's queue was full.
     rx_queue_full,
+    /// Receive-side queue management (`stages::rx_aqm`): inner packets dropped because
+    /// their outer header said CE and they are not ECN-capable (RFC 6040); packets the
+    /// receive CoDel dropped, and packets it marked CE instead.
+    rx_ce_not_ect,
+    rx_codel_dropped,
+    rx_codel_marked,
+    /// Received packets with a kernel arrival time, the sum of their sojourn times from
+    /// it to the TUN write (socket buffer, crypt and ordered queues; the mean is the
+    /// quotient), and the longest seen.
+    rx_timed,
+    rx_sojourn_ns,
+    rx_sojourn_max_ns,
     /// Handshake messages dropped because the handshake queue was full.
     handshake_queue_full,
     /// Handshake messages dropped for an invalid mac1 (no DH spent on them).
@@ -107,7 +126,16 @@ counters! {
 /// Buckets of [`Stats::serial_packets_hist`]: 0, 1, 2–3, … 512–1023, 1024 and more.
 pub const SERIAL_HIST_BUCKETS: usize = 12;
 
-/// The smallest packet count bucket `i` holds.
+/// Buckets of [`Stats::rx_sojourn_hist`]: under 1 µs, 1 µs, 2–3 µs, … 16.4 ms and more.
+pub const SOJOURN_HIST_BUCKETS: usize = 16;
+
+/// The bucket of a sojourn of `ns` nanoseconds in [`Stats::rx_sojourn_hist`].
+pub fn sojourn_bucket(ns: u64) -> usize {
+    let us = ns / 1000;
+    ((u64::BITS - us.leading_zeros()) as usize).min(SOJOURN_HIST_BUCKETS - 1)
+}
+
+/// The smallest value (packet count, or µs) bucket `i` holds.
 pub fn hist_lower_bound(i: usize) -> u64 {
     match i {
         0 => 0,

@@ -14,6 +14,7 @@ pub mod impls;
 pub mod matrix;
 pub mod netns;
 pub mod peers;
+pub mod queues;
 pub mod record;
 pub mod rekey;
 pub mod relay;

@@ -78,9 +78,26 @@ pub enum WorkloadSpec {
         proto: Vec<Proto>,
         #[serde(default = "idle")]
         load: Vec<Load>,
+        /// Under bulk: how many TCP streams the bulk transfer runs, and which way it
+        /// goes (the requests always go a→b; b→a bulk loads their replies' path).
+        #[serde(default = "one")]
+        bulk_streams: Vec<usize>,
+        #[serde(default = "a_to_b")]
+        bulk_direction: Vec<Direction>,
+        /// Whether both hosts ask for ECN on their TCP connections
+        /// (`net.ipv4.tcp_ecn=1`; the default, 2, only answers a request for it).
+        #[serde(default = "no_ecn")]
+        ecn: Vec<bool>,
         #[serde(default)]
         impairment: Option<Impairment>,
     },
+}
+
+fn no_ecn() -> Vec<bool> {
+    vec![false]
+}
+fn one_way() -> Direction {
+    Direction::AToB
 }
 
 fn one() -> Vec<usize> {
@@ -122,6 +139,12 @@ pub enum Cell {
     Rr {
         proto: Proto,
         load: Load,
+        #[serde(default = "one_tunnel")]
+        bulk_streams: usize,
+        #[serde(default = "one_way")]
+        bulk_direction: Direction,
+        #[serde(default)]
+        ecn: bool,
         impairment: Impairment,
     },
 }
@@ -200,15 +223,32 @@ impl Cell {
                 let rate = pps.map_or("unlimited".to_string(), |p| format!("{p}pps"));
                 format!("udp {size}B {rate} {}{imp}", dir(direction))
             }
-            Cell::Rr { proto, load, .. } => format!(
-                "rr {} {}{imp}",
-                if *proto == Proto::Tcp { "tcp" } else { "udp" },
-                if *load == Load::Idle {
-                    "idle"
-                } else {
-                    "under bulk"
-                }
-            ),
+            Cell::Rr {
+                proto,
+                load,
+                bulk_streams,
+                bulk_direction,
+                ecn,
+                ..
+            } => {
+                let load = match load {
+                    Load::Idle => "idle".to_string(),
+                    Load::Bulk => {
+                        let streams = match bulk_streams {
+                            1 => String::new(),
+                            n => format!(" {n}x"),
+                        };
+                        let way = match bulk_direction {
+                            Direction::AToB => String::new(),
+                            d => format!(" {}", dir(d)),
+                        };
+                        format!("under bulk{streams}{way}")
+                    }
+                };
+                let ecn = if *ecn { " ecn" } else { "" };
+                let proto = if *proto == Proto::Tcp { "tcp" } else { "udp" };
+                format!("rr {proto} {load}{ecn}{imp}")
+            }
         }
     }
 }
@@ -316,17 +356,42 @@ impl Matrix {
                 WorkloadSpec::Rr {
                     proto,
                     load,
+                    bulk_streams,
+                    bulk_direction,
+                    ecn,
                     impairment,
                 } => {
                     let imp = impairment.unwrap_or_default();
                     imp.validate()?;
+                    if let Some(s) = bulk_streams.iter().find(|s| !(1..=64).contains(*s)) {
+                        return Err(format!("matrix: rr bulk_streams {s} must be 1..=64").into());
+                    }
+                    if bulk_direction.contains(&Direction::Both) {
+                        return Err("matrix: rr bulk_direction is a-b or b-a".into());
+                    }
+                    // An idle cell has no bulk to vary: one cell per protocol and ECN.
+                    let bulk_shapes: Vec<(usize, Direction)> = bulk_streams
+                        .iter()
+                        .flat_map(|&s| bulk_direction.iter().map(move |&d| (s, d)))
+                        .collect();
                     for &p in proto {
                         for &l in load {
-                            cells.push(Cell::Rr {
-                                proto: p,
-                                load: l,
-                                impairment: imp,
-                            });
+                            let shapes = match l {
+                                Load::Idle => &[(1, Direction::AToB)][..],
+                                Load::Bulk => &bulk_shapes[..],
+                            };
+                            for &(streams, way) in shapes {
+                                for &e in ecn {
+                                    cells.push(Cell::Rr {
+                                        proto: p,
+                                        load: l,
+                                        bulk_streams: streams,
+                                        bulk_direction: way,
+                                        ecn: e,
+                                        impairment: imp,
+                                    });
+                                }
+                            }
                         }
                     }
                 }
@@ -432,6 +497,41 @@ impairment = { loss = 1.5, delay_ms = 5, jitter_ms = 1 }
             ),
         ] {
             let e = Matrix::parse(&bad).err().expect(needle).to_string();
+            assert!(e.contains(needle), "{needle}: {e}");
+        }
+    }
+
+    /// Request/response under bulk varies the bulk's streams and direction and the
+    /// hosts' ECN; an idle cell has no bulk to vary.
+    #[test]
+    fn rr_cells_vary_the_bulk_and_ecn() {
+        let text = |extra: &str| {
+            format!(
+                "name = \"rr\"\nimplementations = [\"wirelane\"]\nbaseline = \"wirelane\"\nrepeats = 1\n\
+                 duration_s = 1\n[[workload]]\nkind = \"rr\"\nload = [\"idle\", \"bulk\"]\n{extra}"
+            )
+        };
+        let m = Matrix::parse(&text(
+            "bulk_streams = [1, 4]\nbulk_direction = [\"a-b\", \"b-a\"]\necn = [false, true]\n",
+        ))
+        .unwrap();
+        let ids: Vec<String> = m.cells.iter().map(|c| c.id()).collect();
+        assert_eq!(ids.len(), 2 + 2 * 2 * 2, "{ids:?}");
+        for want in [
+            "rr tcp idle",
+            "rr tcp idle ecn",
+            "rr tcp under bulk",
+            "rr tcp under bulk 4x b→a ecn",
+        ] {
+            assert!(ids.iter().any(|i| i == want), "{want} in {ids:?}");
+        }
+        let unique: std::collections::BTreeSet<_> = ids.iter().collect();
+        assert_eq!(unique.len(), ids.len());
+        for (extra, needle) in [
+            ("bulk_direction = [\"both\"]\n", "a-b or b-a"),
+            ("bulk_streams = [0]\n", "bulk_streams"),
+        ] {
+            let e = Matrix::parse(&text(extra)).err().expect(needle).to_string();
             assert!(e.contains(needle), "{needle}: {e}");
         }
     }

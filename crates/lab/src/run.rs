@@ -86,6 +86,11 @@ fn measure(which: Impl, cell: &Cell, dur: Duration, rec: &mut RunRecord) -> Resu
         return Err("not applicable: impairments act on a tunnel's outer UDP path".into());
     }
     let bed = Testbed::build(cell.topology(), cell.impairment())?;
+    if let Cell::Rr { ecn: true, .. } = cell {
+        for h in &bed.hosts {
+            h.ns.run("sysctl -qw net.ipv4.tcp_ecn=1")?;
+        }
+    }
     let tun = Tunnel::up(which, &bed)?;
     let (a, b) = (bed.hosts[0].ns.name.clone(), bed.hosts[1].ns.name.clone());
     let (addr_a, addr_b) = (tun.addr_a, tun.addr_b);
@@ -165,11 +170,21 @@ fn measure(which: Impl, cell: &Cell, dur: Duration, rec: &mut RunRecord) -> Resu
                 _ => udp::stream(&a, &b, addr_b, size, pps, dur)?,
             });
         }
-        Cell::Rr { proto, load, .. } => {
+        Cell::Rr {
+            proto,
+            load,
+            bulk_streams,
+            bulk_direction,
+            ..
+        } => {
             let bulk = (load == Load::Bulk).then(|| {
-                let (a2, b2) = (a.clone(), b.clone());
+                let (src, dst, to) = match bulk_direction {
+                    Direction::BToA => (b.clone(), a.clone(), addr_a),
+                    _ => (a.clone(), b.clone(), addr_b),
+                };
                 std::thread::spawn(move || {
-                    tcp::bulk(&a2, &b2, addr_b, 1, dur + Duration::from_millis(300))
+                    let dur = dur + Duration::from_millis(300);
+                    tcp::bulk(&src, &dst, to, bulk_streams, dur)
                 })
             });
             rec.latency = Some(rr::run(proto, &a, &b, addr_b, dur)?);

@@ -39,6 +39,9 @@ pub struct Signatures {
     /// Invocations by packets handled: bucket 0 none, bucket i in [2^(i-1), 2^i).
     pub hist: Vec<u64>,
     pub threads: Vec<ThreadSig>,
+    /// What the queues did (absent from records of older builds).
+    #[serde(default)]
+    pub queues: crate::queues::QueueSig,
 }
 
 impl Signatures {
@@ -81,6 +84,7 @@ impl Signatures {
             budget_exhausted: d("serial_budget_exhausted"),
             hist,
             threads: threads.into_values().collect(),
+            queues: crate::queues::QueueSig::between(before, after),
         }
     }
 

@@ -244,6 +244,7 @@ pub fn markdown(records: &[RunRecord], baseline: &str, impl_order: &[String]) ->
         }
     }
     out.push_str(&signatures_table(&g, impl_order));
+    out.push_str(&crate::queues::table(&g, impl_order));
     let disagree = records.iter().filter(|r| r.cpu.disagree).count();
     if disagree > 0 {
         out.push_str(&format!(

@@ -254,6 +254,8 @@ impl UdpPort for MemoryUdp {
                 src: *src,
                 segment: 0,
                 local: None,
+                rx_time_ns: 0,
+                ecn: 0,
             });
         }
         Ok(got.len())

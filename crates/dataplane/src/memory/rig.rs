@@ -10,7 +10,7 @@
 use super::{Hook, MemoryNet, MemoryTun, MemoryUdp};
 use crate::config::{self, DeviceUpdate, PeerUpdate};
 use crate::exec::Model;
-use crate::fq_codel::QueueDiscipline;
+use crate::fq_codel::QueuePolicy;
 use crate::interface::Interface;
 use crate::ports::UdpPort;
 use crate::runtime::Runtime;
@@ -130,7 +130,7 @@ fn end(
         port: outer.port(),
         ..Sockets::default()
     };
-    let iface = Interface::new(Box::new(tun.clone()), sockets, QueueDiscipline::default())?;
+    let iface = Interface::new(Box::new(tun.clone()), sockets, QueuePolicy::default())?;
     runtime.serve(&iface)?;
     Ok((
         End {

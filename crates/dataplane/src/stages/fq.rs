@@ -73,7 +73,7 @@ pub fn pump(c: StageCtx<'_>, peer: &Arc<Peer>) {
                 let want = room.min(MAX_BATCH);
                 let mut chunk = Vec::with_capacity(want);
                 while chunk.len() < want {
-                    match q.dequeue(now, &mut v) {
+                    match q.dequeue(&c.iface.codel, now, &mut v) {
                         Some(p) => chunk.push(p),
                         None => break,
                     }

@@ -1,7 +1,7 @@
 //! The pipeline's stages, one per file, in the order of design.md §4:
 //!
 //! TX: tun_read → route → fq (flow queue, with `--queue fq-codel`) → nonce → encrypt (parallel) → tx_flush (per-peer ordered)
-//! RX: udp_recv → classify → decrypt (parallel) → rx_deliver (per-peer ordered)
+//! RX: udp_recv → classify → decrypt (parallel) → rx_deliver (per-peer ordered, with rx_aqm before the TUN write)
 //! and beside them: gate (handshake messages, on the UDP reader) → handshake (its own
 //! bounded lanes and thread), and timers. `protocol` is not a stage: it is the protocol
 //! step any of them may take, and carries out what the step asks for.
@@ -19,6 +19,7 @@ pub mod handshake;
 pub mod nonce;
 pub mod protocol;
 pub mod route;
+pub mod rx_aqm;
 pub mod rx_deliver;
 pub mod timers;
 pub mod tun_read;

@@ -1,7 +1,7 @@
 //! Stage RX-4, per-peer ordered delivery. Input: the peer's RX queue. Output: for each
 //! opened batch at the head, in order: replay check, roaming and timer bookkeeping,
-//! inner-header validation, the cryptokey-routing source check, and the write to the
-//! TUN. Keepalives stop after the bookkeeping. Runs as one work item per peer at a time.
+//! inner-header validation, the cryptokey-routing source check, queue management
+//! (`rx_aqm`: ECN decapsulation, the receive CoDel) and the write to the TUN. Keepalives stop after the bookkeeping. Runs as one work item per peer at a time.
 
 use super::nonce::step;
 use super::StageCtx;
@@ -73,7 +73,7 @@ pub fn deliver(c: StageCtx<'_>, peer: &Arc<Peer>, budget: usize) -> Drained {
         if peer.is_removed() {
             return;
         }
-        let body = batch.body();
+        let mut body = batch.body();
         let mut last_src = None;
         let mut any_data = false;
         let mut to_write: Vec<(usize, usize)> = Vec::with_capacity(body.packets.len());
@@ -107,10 +107,9 @@ pub fn deliver(c: StageCtx<'_>, peer: &Arc<Peer>, budget: usize) -> Drained {
             return;
         }
         let table = dev.table();
-        let mut segs: Vec<&[u8]> = Vec::with_capacity(to_write.len());
+        let mut keep: Vec<(usize, usize)> = Vec::with_capacity(to_write.len());
         for (i, _) in to_write {
-            let plain = body.packets[i].plaintext();
-            let Some(h) = inner::parse(plain) else {
+            let Some(h) = inner::parse(body.packets[i].plaintext()) else {
                 dev.stats.rx_bad_inner.fetch_add(1, Ordering::Relaxed);
                 continue;
             };
@@ -119,9 +118,14 @@ pub fn deliver(c: StageCtx<'_>, peer: &Arc<Peer>, budget: usize) -> Drained {
                 continue;
             }
             // Padding beyond the header's length is not part of the packet.
-            segs.push(&plain[..h.total_len]);
+            keep.push((i, h.total_len));
         }
         drop(table);
+        super::rx_aqm::manage(dev, &mut body.packets, &mut keep);
+        let segs: Vec<&[u8]> = keep
+            .iter()
+            .map(|&(i, len)| &body.packets[i].plaintext()[..len])
+            .collect();
         write_to_tun(dev, &segs);
     });
     dev.stats.record_serial_run(&drained);

@@ -1,7 +1,8 @@
 //! Stage RX-1, udp recv. Input: one UDP socket. Output: a vector of datagrams with
 //! their sources, in arrival order (recvmmsg). With UDP GRO the kernel may hand over
 //! several datagrams of one flow in one buffer; they are split apart here, so later
-//! stages always see single datagrams.
+//! stages always see single datagrams. Each keeps the kernel's arrival time (where its
+//! sojourn starts) and its outer ECN field.
 
 use crate::packet::{Packet, MAX_BATCH};
 use crate::ports::UdpPort;
@@ -45,11 +46,12 @@ pub fn recv_batch(sock: &dyn UdpPort, s: &mut RecvScratch) -> io::Result<Vec<Pac
         } else {
             r.data.len().max(1)
         };
-        out.extend(
-            r.data
-                .chunks(step)
-                .map(|d| Packet::from_datagram(d, r.src, r.local)),
-        );
+        out.extend(r.data.chunks(step).map(|d| {
+            let mut p = Packet::from_datagram(d, r.src, r.local);
+            p.rx_time_ns = r.rx_time_ns;
+            p.outer_ecn = r.ecn;
+            p
+        }));
     }) {
         Ok(n) => n,
         Err(e) if e.kind() == io::ErrorKind::WouldBlock => 0,

@@ -81,34 +81,29 @@ pub(super) fn bytemuck_u64(c: &mut SendControl) -> &mut [u8] {
     unsafe { std::slice::from_raw_parts_mut(c.as_mut_ptr().cast(), size_of::<SendControl>()) }
 }
 
-/// Reads the local end out of a received message's control data.
+/// The local end, if `c` is a packet-info control message.
 ///
 /// # Safety
-/// `hdr` must describe a control buffer the kernel filled.
-pub(super) unsafe fn local_of(hdr: &libc::msghdr) -> Option<LocalAddr> {
-    let mut c = libc::CMSG_FIRSTHDR(hdr);
-    while !c.is_null() {
-        let data = libc::CMSG_DATA(c);
-        match ((*c).cmsg_level, (*c).cmsg_type) {
-            (libc::IPPROTO_IP, libc::IP_PKTINFO) => {
-                let p = std::ptr::read_unaligned(data as *const libc::in_pktinfo);
-                return Some(LocalAddr {
-                    ip: IpAddr::V4(Ipv4Addr::from(p.ipi_addr.s_addr.to_ne_bytes())),
-                    ifindex: p.ipi_ifindex as u32,
-                });
-            }
-            (libc::IPPROTO_IPV6, libc::IPV6_PKTINFO) => {
-                let p = std::ptr::read_unaligned(data as *const libc::in6_pktinfo);
-                return Some(LocalAddr {
-                    ip: IpAddr::V6(Ipv6Addr::from(p.ipi6_addr.s6_addr)),
-                    ifindex: p.ipi6_ifindex,
-                });
-            }
-            _ => {}
+/// `c` must point at a control message header the kernel filled, followed by its data.
+pub(super) unsafe fn local_of(c: *const libc::cmsghdr) -> Option<LocalAddr> {
+    let data = libc::CMSG_DATA(c);
+    match ((*c).cmsg_level, (*c).cmsg_type) {
+        (libc::IPPROTO_IP, libc::IP_PKTINFO) => {
+            let p = std::ptr::read_unaligned(data as *const libc::in_pktinfo);
+            Some(LocalAddr {
+                ip: IpAddr::V4(Ipv4Addr::from(p.ipi_addr.s_addr.to_ne_bytes())),
+                ifindex: p.ipi_ifindex as u32,
+            })
         }
-        c = libc::CMSG_NXTHDR(hdr, c);
+        (libc::IPPROTO_IPV6, libc::IPV6_PKTINFO) => {
+            let p = std::ptr::read_unaligned(data as *const libc::in6_pktinfo);
+            Some(LocalAddr {
+                ip: IpAddr::V6(Ipv6Addr::from(p.ipi6_addr.s6_addr)),
+                ifindex: p.ipi6_ifindex,
+            })
+        }
+        _ => None,
     }
-    None
 }
 
 pub(super) fn to_sockaddr(addr: &SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {

@@ -16,6 +16,7 @@ mod tests;
 
 pub use addr::LocalAddr;
 use addr::*;
+use recv_batch::{Ancillary, UDP_GRO};
 pub use recv_batch::{Received, RecvBatch};
 use steering::*;
 pub use steering::{ProofRule, Steering};
@@ -38,8 +39,6 @@ pub struct UdpSocket {
     gro: bool,
 }
 
-/// `UDP_GRO` from linux/udp.h (not exported by libc for glibc targets).
-const UDP_GRO: libc::c_int = 104;
 /// `SO_MEMINFO` from asm-generic/socket.h, and the length of its answer.
 const SO_MEMINFO: libc::c_int = 55;
 const SK_MEMINFO_VARS: usize = 9;
@@ -137,9 +136,14 @@ impl UdpSocket {
         if v6 {
             setsockopt_int(raw, libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, 1)?;
             setsockopt_int(raw, libc::IPPROTO_IPV6, libc::IPV6_RECVPKTINFO, 1)?;
+            setsockopt_int(raw, libc::IPPROTO_IPV6, libc::IPV6_RECVTCLASS, 1)?;
         } else {
             setsockopt_int(raw, libc::IPPROTO_IP, libc::IP_PKTINFO, 1)?;
+            setsockopt_int(raw, libc::IPPROTO_IP, libc::IP_RECVTOS, 1)?;
         }
+        // Each datagram's arrival time: where its sojourn starts (the receive side's
+        // queue controller measures it from here, see the dataplane's `codel`).
+        setsockopt_int(raw, libc::SOL_SOCKET, libc::SO_TIMESTAMPNS, 1)?;
         // Forced sizes need CAP_NET_ADMIN; fall back to the capped ones without it.
         for (force, plain) in [
             (libc::SO_RCVBUFFORCE, libc::SO_RCVBUF),
@@ -242,22 +246,9 @@ impl UdpSocket {
             )
         })? as usize;
         for i in 0..got {
-            let hdr = &batch.hdrs[i];
-            batch.segs[i] = 0;
             // SAFETY: the kernel filled msg_control/msg_controllen; the CMSG macros walk
             // only within that buffer.
-            batch.locals[i] = unsafe { local_of(&hdr.msg_hdr) };
-            // SAFETY: as above.
-            unsafe {
-                let mut c = libc::CMSG_FIRSTHDR(&hdr.msg_hdr);
-                while !c.is_null() {
-                    if (*c).cmsg_level == libc::SOL_UDP && (*c).cmsg_type == UDP_GRO {
-                        let v = std::ptr::read_unaligned(libc::CMSG_DATA(c) as *const libc::c_int);
-                        batch.segs[i] = v.max(0) as usize;
-                    }
-                    c = libc::CMSG_NXTHDR(&hdr.msg_hdr, c);
-                }
-            }
+            batch.ancillary[i] = unsafe { Ancillary::read(&batch.hdrs[i].msg_hdr) };
         }
         batch.got = got;
         Ok(got)

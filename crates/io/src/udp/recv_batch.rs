@@ -16,14 +16,65 @@ pub struct RecvBatch {
     pub(super) names: Vec<libc::sockaddr_storage>,
     pub(super) controls: Vec<RecvControl>,
     pub(super) hdrs: Vec<libc::mmsghdr>,
-    pub(super) segs: Vec<usize>,
-    pub(super) locals: Vec<Option<LocalAddr>>,
+    pub(super) ancillary: Vec<Ancillary>,
     pub(super) got: usize,
 }
 
-/// Control space for one received message: a `UDP_GRO` int and an `in6_pktinfo`
-/// (the larger of the two source forms), each with its header.
-pub(super) type RecvControl = [u64; 8];
+/// Control space for one received message, each item with its header: a `UDP_GRO`
+/// int (24 bytes), an `in6_pktinfo` (40, the larger of the two source forms), a
+/// receive timestamp (32) and the outer TOS or traffic class (24); 8 bytes to spare.
+pub(super) type RecvControl = [u64; 16];
+
+/// What the kernel said about one received message besides its bytes.
+#[derive(Debug, Default, Clone, Copy)]
+pub(super) struct Ancillary {
+    segment: usize,
+    local: Option<LocalAddr>,
+    rx_time_ns: u64,
+    ecn: u8,
+}
+
+/// `UDP_GRO` from linux/udp.h (not exported by libc for glibc targets).
+pub(super) const UDP_GRO: libc::c_int = 104;
+
+impl Ancillary {
+    /// Reads a received message's control data.
+    ///
+    /// # Safety
+    /// `hdr` must describe a control buffer the kernel filled.
+    pub(super) unsafe fn read(hdr: &libc::msghdr) -> Ancillary {
+        let mut a = Ancillary::default();
+        let mut c = libc::CMSG_FIRSTHDR(hdr);
+        while !c.is_null() {
+            let data = libc::CMSG_DATA(c);
+            match ((*c).cmsg_level, (*c).cmsg_type) {
+                (libc::SOL_UDP, UDP_GRO) => {
+                    let v = std::ptr::read_unaligned(data as *const libc::c_int);
+                    a.segment = v.max(0) as usize;
+                }
+                (libc::SOL_SOCKET, libc::SCM_TIMESTAMPNS) => {
+                    let t = std::ptr::read_unaligned(data as *const libc::timespec);
+                    a.rx_time_ns = (t.tv_sec as u64)
+                        .saturating_mul(1_000_000_000)
+                        .saturating_add(t.tv_nsec as u64);
+                }
+                // IPv4 passes the TOS as one byte, IPv6 the traffic class as an int.
+                (libc::IPPROTO_IP, libc::IP_TOS) => a.ecn = *data & 0b11,
+                (libc::IPPROTO_IPV6, libc::IPV6_TCLASS) => {
+                    let v = std::ptr::read_unaligned(data as *const libc::c_int);
+                    a.ecn = (v & 0b11) as u8;
+                }
+                _ => {
+                    if let Some(local) = local_of(c) {
+                        a.local = Some(local);
+                    }
+                }
+            }
+            c = libc::CMSG_NXTHDR(hdr, c);
+        }
+        a
+    }
+}
 
 /// One datagram of a receive, as [`RecvBatch::datagram`] reads it.
 pub struct Received<'a> {
@@ -34,6 +85,12 @@ pub struct Received<'a> {
     pub segment: usize,
     /// Where it arrived, when the kernel said.
     pub local: Option<LocalAddr>,
+    /// When the kernel received it (`SO_TIMESTAMPNS`, CLOCK_REALTIME ns), or 0 when it
+    /// did not say: the start of its sojourn in the socket and the pipeline behind it.
+    pub rx_time_ns: u64,
+    /// The outer header's ECN bits (RFC 6040's decapsulation needs them). Coalesced
+    /// datagrams share them: GRO merges only packets of equal TOS.
+    pub ecn: u8,
 }
 
 impl RecvBatch {
@@ -52,10 +109,9 @@ impl RecvBatch {
             iovs,
             // SAFETY: an all-zero sockaddr_storage / mmsghdr is a valid value.
             names: vec![unsafe { zeroed() }; count],
-            controls: vec![[0; 8]; count],
+            controls: vec![[0; 16]; count],
             hdrs: vec![unsafe { zeroed() }; count],
-            segs: vec![0; count],
-            locals: vec![None; count],
+            ancillary: vec![Ancillary::default(); count],
             got: 0,
         };
         for i in 0..count {
@@ -92,11 +148,14 @@ impl RecvBatch {
         }
         let src = from_sockaddr(&self.names[i])?;
         let len = (self.hdrs[i].msg_len as usize).min(self.bufs[i].len());
+        let a = self.ancillary[i];
         Some(Received {
             data: &self.bufs[i][..len],
             src,
-            segment: self.segs[i],
-            local: self.locals[i],
+            segment: a.segment,
+            local: a.local,
+            rx_time_ns: a.rx_time_ns,
+            ecn: a.ecn,
         })
     }
 }

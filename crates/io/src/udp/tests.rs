@@ -205,3 +205,56 @@ fn steered_group_splits_data_handshakes_and_proofs_and_keeps_its_port() {
     let drops = [&data, &handshake, &proof].map(|s| s.drops().unwrap());
     assert_eq!(drops, [0, 0, 0]);
 }
+
+/// Each datagram comes with the kernel's arrival time and its outer ECN bits, in both
+/// families: the receive side's queue controller and RFC 6040 decapsulation use them.
+#[test]
+fn received_datagrams_carry_arrival_time_and_ecn() {
+    for v6 in [false, true] {
+        let a = UdpSocket::bind(v6, 0).unwrap();
+        let b = UdpSocket::bind(v6, 0).unwrap();
+        let (level, opt) = if v6 {
+            (libc::IPPROTO_IPV6, libc::IPV6_TCLASS)
+        } else {
+            (libc::IPPROTO_IP, libc::IP_TOS)
+        };
+        // DSCP 8 with CE: only the low two bits may come back as the ECN field.
+        setsockopt_int(a.fd(), level, opt, 0x20 | 0b11).unwrap();
+        let lo: IpAddr = if v6 {
+            Ipv6Addr::LOCALHOST.into()
+        } else {
+            Ipv4Addr::LOCALHOST.into()
+        };
+        let dst = SocketAddr::new(lo, b.local_port().unwrap());
+        let before = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as u64;
+        a.send_to(b"ecn", &dst).unwrap();
+        let mut batch = RecvBatch::new(1, 64);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        let n = loop {
+            match b.recv_batch(&mut batch) {
+                Ok(n) => break n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    assert!(std::time::Instant::now() < deadline, "nothing arrived");
+                    std::thread::yield_now();
+                }
+                Err(e) => panic!("{e}"),
+            }
+        };
+        let after = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as u64;
+        assert_eq!(n, 1);
+        let r = batch.datagram(0).unwrap();
+        assert_eq!(r.data, b"ecn");
+        assert_eq!(r.ecn, 0b11, "v6={v6}");
+        assert!(
+            (before..=after).contains(&r.rx_time_ns),
+            "v6={v6}: {} not in {before}..={after}",
+            r.rx_time_ns
+        );
+    }
+}

@@ -1,0 +1,123 @@
+//! Stage RX-4a, receive-side queue management. Runs inside the ordered delivery
+//! (`rx_deliver`), on packets that authenticated, passed the replay window and the
+//! source check, just before their TUN write. Input: those packets, with the kernel's
+//! arrival time and outer ECN field of each. Output: the same packets less the ones
+//! dropped, some marked Congestion Experienced; counters by reason.
+//!
+//! - RFC 6040 decapsulation: CE on the outer header becomes CE on an ECN-capable inner
+//!   packet; a not-ECT inner packet under an outer CE is dropped (its sender could not
+//!   hear the mark any other way).
+//! - The sojourn of each packet, from the kernel's arrival timestamp to here, covers
+//!   the socket buffer, the crypt queue and the ordered queue: on the receive side the
+//!   standing queue builds in the socket, before any wirelane queue, when decryption is
+//!   the bottleneck. It is always counted; with `--queue fq-codel` a CoDel controller
+//!   (`codel`) acts on it, marking ECN-capable packets and dropping the rest.
+//!
+//! Why here and not earlier: what a packet carries (ECT or not) is known only once it
+//! is decrypted, and a drop chosen before the replay check could be undone by a replayed
+//! copy. Dropping after the counter is accepted loses only that packet, which is what
+//! an AQM drop means.
+
+use crate::codel::{Codel, CodelParams};
+use crate::fq_codel::QueueDiscipline;
+use crate::inner;
+use crate::interface::Interface;
+use crate::packet::{Packet, HEADROOM};
+use crate::stats::{sojourn_bucket, Stats, SOJOURN_HIST_BUCKETS};
+use std::sync::atomic::Ordering;
+
+/// What one delivery run decided, summed before the counters are touched once.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Tally {
+    pub ce_not_ect: u64,
+    pub dropped: u64,
+    pub marked: u64,
+    pub timed: u64,
+    pub sojourn_ns: u64,
+    pub sojourn_max_ns: u64,
+    pub hist: [u64; SOJOURN_HIST_BUCKETS],
+}
+
+/// Applies ECN decapsulation and the controller to `packets[i]` for each `(i, len)` of
+/// `keep`, in delivery order, and removes the dropped ones from `keep`.
+pub fn manage(dev: &Interface, packets: &mut [Packet], keep: &mut Vec<(usize, usize)>) {
+    let now = dev.wall().as_nanos() as u64;
+    let t = {
+        let mut codel = (dev.queue == QueueDiscipline::FqCodel).then(|| {
+            dev.rx_codel
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+        });
+        let codel = codel.as_deref_mut().map(|c| (c, &dev.codel));
+        judge_all(codel, now, packets, keep)
+    };
+    record(&dev.stats, &t);
+}
+
+/// The decisions of [`manage`] at wall-clock time `now` (ns), with the controller and
+/// its parameters when one runs.
+pub fn judge_all(
+    mut codel: Option<(&mut Codel, &CodelParams)>,
+    now: u64,
+    packets: &mut [Packet],
+    keep: &mut Vec<(usize, usize)>,
+) -> Tally {
+    let mut t = Tally::default();
+    keep.retain(|&(i, len)| {
+        let p = &mut packets[i];
+        let plain = &mut p.buf[HEADROOM..HEADROOM + len];
+        if p.outer_ecn == inner::CE && !inner::set_ce(plain) {
+            t.ce_not_ect += 1;
+            return false;
+        }
+        if p.rx_time_ns == 0 {
+            return true;
+        }
+        // The wall clock may step back; a negative sojourn counts as none.
+        let sojourn = now.saturating_sub(p.rx_time_ns);
+        t.timed += 1;
+        t.sojourn_ns += sojourn;
+        t.sojourn_max_ns = t.sojourn_max_ns.max(sojourn);
+        t.hist[sojourn_bucket(sojourn)] += 1;
+        let Some((codel, params)) = codel.as_mut() else {
+            return true;
+        };
+        if !codel.judge(params, now, sojourn, true) {
+            return true;
+        }
+        if params.ecn && inner::set_ce(plain) {
+            t.marked += 1;
+            return true;
+        }
+        t.dropped += 1;
+        false
+    });
+    t
+}
+
+fn record(s: &Stats, t: &Tally) {
+    for (counter, n) in [
+        (&s.rx_ce_not_ect, t.ce_not_ect),
+        (&s.rx_codel_dropped, t.dropped),
+        (&s.rx_codel_marked, t.marked),
+        (&s.rx_timed, t.timed),
+        (&s.rx_sojourn_ns, t.sojourn_ns),
+    ] {
+        if n > 0 {
+            counter.fetch_add(n, Ordering::Relaxed);
+        }
+    }
+    for (counter, &n) in s.rx_sojourn_hist.iter().zip(&t.hist) {
+        if n > 0 {
+            counter.fetch_add(n, Ordering::Relaxed);
+        }
+    }
+    if t.sojourn_max_ns > 0 {
+        s.rx_sojourn_max_ns
+            .fetch_max(t.sojourn_max_ns, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+#[path = "rx_aqm_tests.rs"]
+mod tests;

@@ -1,0 +1,114 @@
+//! Receive-side queue management on a simulated wall clock.
+
+use super::*;
+
+const MS: u64 = 1_000_000;
+
+/// A decrypted IPv4 packet with TOS `tos`, received at `rx_time_ns` with outer ECN
+/// field `outer_ecn`.
+fn received(tos: u8, rx_time_ns: u64, outer_ecn: u8) -> Packet {
+    let mut ip = [0u8; 40];
+    ip[0] = 0x45;
+    ip[1] = tos;
+    ip[2..4].copy_from_slice(&40u16.to_be_bytes());
+    ip[8] = 64;
+    ip[9] = 17;
+    ip[12..20].copy_from_slice(&[10, 0, 0, 1, 10, 0, 0, 2]);
+    let mut p = Packet::from_plaintext(&[&ip]);
+    p.rx_time_ns = rx_time_ns;
+    p.outer_ecn = outer_ecn;
+    p
+}
+
+fn all(packets: &[Packet]) -> Vec<(usize, usize)> {
+    packets
+        .iter()
+        .enumerate()
+        .map(|(i, p)| (i, p.len))
+        .collect()
+}
+
+#[test]
+fn outer_ce_marks_ect_inner_packets_and_drops_the_others() {
+    // Not-ECT, ECT(0) and ECT(1) inner packets under an outer CE; one more not-ECT
+    // packet under an outer ECT(0), which passes untouched.
+    let mut packets = vec![
+        received(0x00, 0, inner::CE),
+        received(0x02, 0, inner::CE),
+        received(0x01, 0, inner::CE),
+        received(0x00, 0, 0b10),
+    ];
+    let mut keep = all(&packets);
+    let t = judge_all(None, 0, &mut packets, &mut keep);
+    assert_eq!(t.ce_not_ect, 1);
+    assert_eq!(keep.iter().map(|k| k.0).collect::<Vec<_>>(), [1, 2, 3]);
+    assert_eq!(inner::ecn(packets[1].plaintext()), inner::CE);
+    assert_eq!(inner::ecn(packets[2].plaintext()), inner::CE);
+    assert_eq!(inner::ecn(packets[3].plaintext()), inner::NOT_ECT);
+}
+
+#[test]
+fn sojourn_is_counted_from_the_arrival_time_without_a_controller() {
+    let now = 1_000 * MS;
+    let mut packets = vec![
+        received(0, now - 3 * MS, 0),
+        received(0, now - 200_000, 0),
+        received(0, 0, 0),        // no timestamp: not timed
+        received(0, now + MS, 0), // the clock stepped back: counts as none
+    ];
+    let mut keep = all(&packets);
+    let t = judge_all(None, now, &mut packets, &mut keep);
+    assert_eq!(keep.len(), 4, "nothing is dropped without a controller");
+    assert_eq!(t.timed, 3);
+    assert_eq!(t.sojourn_ns, 3 * MS + 200_000);
+    assert_eq!(t.sojourn_max_ns, 3 * MS);
+    // 3 ms falls in [2048, 4096) µs, 200 µs in [128, 256) µs, 0 in the first bucket.
+    assert_eq!((t.hist[12], t.hist[8], t.hist[0]), (1, 1, 1));
+}
+
+/// Packets arriving every 100 µs and leaving `wait` later, from `from` to `until`.
+fn run(codel: &mut Codel, tos: u8, wait: u64, from: u64, until: u64) -> Tally {
+    let mut sum = Tally::default();
+    let mut now = from;
+    while now < until {
+        let mut packets = vec![received(tos, now - wait, 0)];
+        let mut keep = all(&packets);
+        let t = judge_all(
+            Some((codel, &CodelParams::RFC)),
+            now,
+            &mut packets,
+            &mut keep,
+        );
+        assert_eq!(keep.is_empty(), t.dropped == 1);
+        sum.dropped += t.dropped;
+        sum.marked += t.marked;
+        sum.timed += t.timed;
+        now += 100_000;
+    }
+    sum
+}
+
+#[test]
+fn the_controller_drops_not_ect_and_marks_ect_after_an_interval_above_target() {
+    // 2 ms of sojourn is under the 5 ms target: never touched.
+    let mut codel = Codel::default();
+    let t = run(&mut codel, 0, 2 * MS, 10 * MS, 510 * MS);
+    assert_eq!((t.dropped, t.marked, t.timed), (0, 0, 5000));
+
+    // 8 ms for half a second: nothing in the first interval, then drops.
+    let t = run(&mut codel, 0, 8 * MS, 510 * MS, 600 * MS);
+    assert_eq!(t.dropped, 0, "within the first interval");
+    let t = run(&mut codel, 0, 8 * MS, 600 * MS, 1_010 * MS);
+    assert!(t.dropped >= 4, "{t:?}");
+    assert_eq!(t.marked, 0);
+
+    // The same standing sojourn on ECN-capable packets: marks, no drops.
+    let t = run(&mut codel, 0x02, 8 * MS, 1_010 * MS, 1_510 * MS);
+    assert!(t.marked >= 4, "{t:?}");
+    assert_eq!(t.dropped, 0);
+
+    // The sojourn recovers: the controller stops at once.
+    let t = run(&mut codel, 0, MS, 1_510 * MS, 2_010 * MS);
+    assert_eq!((t.dropped, t.marked), (0, 0));
+    assert!(!codel.dropping());
+}

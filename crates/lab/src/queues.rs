@@ -1,0 +1,218 @@
+//! What wirelane's queues did over a run (`stats=1`), per tunnel end: how long packets
+//! waited in each and what the CoDel controllers dropped or marked. The transmit figure
+//! is the flow queues' sojourn (before the nonce, `--queue fq-codel` only); the receive
+//! figure runs from the kernel's arrival timestamp to the TUN write, so it covers the
+//! UDP socket buffer, the crypt queue and the ordered queue. The lab reports them per
+//! cell beside the latency they explain.
+
+use crate::record::RunRecord;
+use crate::signatures::Snapshot;
+use crate::summary::{summary_of, Grouped};
+use crate::uapi;
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct QueueSig {
+    pub tx_dequeued: u64,
+    pub tx_sojourn_ns: u64,
+    pub tx_dropped: u64,
+    pub tx_marked: u64,
+    pub tx_overflow: u64,
+    pub rx_timed: u64,
+    pub rx_sojourn_ns: u64,
+    /// The longest receive sojourn since the daemon started (a high-water mark, not a
+    /// growth).
+    pub rx_sojourn_max_ns: u64,
+    pub rx_dropped: u64,
+    pub rx_marked: u64,
+    pub rx_ce_not_ect: u64,
+    /// Receive sojourns by bucket of powers of two µs (bucket 0 under 1 µs, bucket i
+    /// in [2^(i-1), 2^i) µs).
+    #[serde(default)]
+    pub rx_hist: Vec<u64>,
+}
+
+impl QueueSig {
+    /// Growth of the queue counters from `before` to `after`.
+    pub fn between(before: &Snapshot, after: &Snapshot) -> QueueSig {
+        let d = |k: &str| uapi::delta(before, after, k);
+        QueueSig {
+            tx_dequeued: d("tx_fq_dequeued"),
+            tx_sojourn_ns: d("tx_fq_sojourn_ns"),
+            tx_dropped: d("tx_codel_dropped"),
+            tx_marked: d("tx_codel_marked"),
+            tx_overflow: d("tx_fq_overflow"),
+            rx_timed: d("rx_timed"),
+            rx_sojourn_ns: d("rx_sojourn_ns"),
+            rx_sojourn_max_ns: after.get("rx_sojourn_max_ns").copied().unwrap_or(0),
+            rx_dropped: d("rx_codel_dropped"),
+            rx_marked: d("rx_codel_marked"),
+            rx_ce_not_ect: d("rx_ce_not_ect"),
+            rx_hist: (0..)
+                .map(|i: u32| match i {
+                    0 => "rx_sojourn_hist_us_0".to_string(),
+                    i => format!("rx_sojourn_hist_us_{}", 1u64 << (i - 1)),
+                })
+                .take_while(|k| after.contains_key(k))
+                .map(|k| d(&k))
+                .collect(),
+        }
+    }
+
+    fn add(&mut self, o: &QueueSig) {
+        self.tx_dequeued += o.tx_dequeued;
+        self.tx_sojourn_ns += o.tx_sojourn_ns;
+        self.tx_dropped += o.tx_dropped;
+        self.tx_marked += o.tx_marked;
+        self.tx_overflow += o.tx_overflow;
+        self.rx_timed += o.rx_timed;
+        self.rx_sojourn_ns += o.rx_sojourn_ns;
+        self.rx_sojourn_max_ns = self.rx_sojourn_max_ns.max(o.rx_sojourn_max_ns);
+        self.rx_dropped += o.rx_dropped;
+        self.rx_marked += o.rx_marked;
+        self.rx_ce_not_ect += o.rx_ce_not_ect;
+        if self.rx_hist.len() < o.rx_hist.len() {
+            self.rx_hist.resize(o.rx_hist.len(), 0);
+        }
+        for (a, b) in self.rx_hist.iter_mut().zip(&o.rx_hist) {
+            *a += b;
+        }
+    }
+
+    /// The receive sojourn below which a share `q` of the packets stayed, in µs, as
+    /// the upper bound of its histogram bucket (so within a factor of two).
+    pub fn rx_quantile_us(&self, q: f64) -> Option<f64> {
+        let total: u64 = self.rx_hist.iter().sum();
+        let mut seen = 0;
+        for (i, n) in self.rx_hist.iter().enumerate() {
+            seen += n;
+            if total > 0 && seen as f64 >= q * total as f64 {
+                return Some((1u64 << i) as f64);
+            }
+        }
+        None
+    }
+}
+
+/// Both ends of a run together; None for a run without wirelane's queue counters.
+fn both_ends(r: &RunRecord) -> Option<QueueSig> {
+    let mut sum = QueueSig::default();
+    for s in &r.signatures {
+        sum.add(&s.queues);
+    }
+    (sum.rx_timed > 0 || sum.tx_dequeued > 0).then_some(sum)
+}
+
+const HEADER: [&str; 10] = [
+    "cell",
+    "implementation",
+    "RX sojourn mean µs",
+    "RX sojourn p50 µs (≤)",
+    "RX sojourn p99 µs (≤)",
+    "RX sojourn max µs",
+    "TX flow-queue sojourn mean µs",
+    "CoDel drops/s",
+    "CoDel CE marks/s",
+    "RFC 6040 drops",
+];
+
+fn per_s(n: u64, r: &RunRecord) -> f64 {
+    n as f64 / r.seconds.max(1e-9)
+}
+
+/// The queue table in Markdown (medians of the repeats), or nothing when no run has
+/// the counters.
+pub fn table(g: &Grouped<'_>, impl_order: &[String]) -> String {
+    let mut rows = Vec::new();
+    for cell in &g.cells {
+        for name in impl_order {
+            let Some(runs) = g.by_cell[cell].get(name) else {
+                continue;
+            };
+            let med = |f: fn(&RunRecord) -> Option<f64>| summary_of(runs, f).map(|s| s.median);
+            let Some(rx_mean) = med(|r| {
+                both_ends(r).map(|q| q.rx_sojourn_ns as f64 / q.rx_timed.max(1) as f64 / 1e3)
+            }) else {
+                continue;
+            };
+            let rx_p50 = med(|r| both_ends(r).and_then(|q| q.rx_quantile_us(0.5)));
+            let rx_p99 = med(|r| both_ends(r).and_then(|q| q.rx_quantile_us(0.99)));
+            let rx_max = med(|r| both_ends(r).map(|q| q.rx_sojourn_max_ns as f64 / 1e3));
+            let tx_mean = med(|r| {
+                both_ends(r)
+                    .filter(|q| q.tx_dequeued > 0)
+                    .map(|q| q.tx_sojourn_ns as f64 / q.tx_dequeued as f64 / 1e3)
+            });
+            let drops = med(|r| {
+                both_ends(r).map(|q| per_s(q.tx_dropped + q.rx_dropped + q.tx_overflow, r))
+            });
+            let marks = med(|r| both_ends(r).map(|q| per_s(q.tx_marked + q.rx_marked, r)));
+            let ce = med(|r| both_ends(r).map(|q| q.rx_ce_not_ect as f64));
+            let f = |x: Option<f64>| x.map_or("–".to_string(), |x| format!("{x:.0}"));
+            rows.push([
+                cell.clone(),
+                name.clone(),
+                format!("{rx_mean:.0}"),
+                f(rx_p50),
+                f(rx_p99),
+                f(rx_max),
+                f(tx_mean),
+                f(drops),
+                f(marks),
+                f(ce),
+            ]);
+        }
+    }
+    if rows.is_empty() {
+        return String::new();
+    }
+    let line = |cells: &[String]| format!("| {} |\n", cells.join(" | "));
+    let mut out = String::from(
+        "\nQueues (wirelane only; both ends, medians): receive sojourn from the kernel's \
+         arrival time to the TUN write, transmit flow-queue sojourn, controller verdicts:\n\n",
+    );
+    out.push_str(&line(&HEADER.map(String::from)));
+    out.push_str(&line(&["---"; 10].map(String::from)));
+    for r in &rows {
+        out.push_str(&line(r));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn growth_and_quantiles_of_the_receive_sojourn() {
+        let snap = |n: u64| -> Snapshot {
+            [
+                ("rx_timed", 100 * n),
+                ("rx_sojourn_ns", 50_000 * n),
+                ("rx_sojourn_max_ns", 9_000 * n),
+                ("rx_codel_dropped", n),
+                ("rx_sojourn_hist_us_0", 0),
+                ("rx_sojourn_hist_us_1", 90 * n),
+                ("rx_sojourn_hist_us_2", 9 * n),
+                ("rx_sojourn_hist_us_4", n),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect()
+        };
+        let q = QueueSig::between(&snap(1), &snap(3));
+        assert_eq!(
+            (q.rx_timed, q.rx_sojourn_ns, q.rx_dropped),
+            (200, 100_000, 2)
+        );
+        assert_eq!(
+            q.rx_sojourn_max_ns, 27_000,
+            "a high-water mark, not a growth"
+        );
+        assert_eq!(q.rx_hist, [0, 180, 18, 2]);
+        // 180 of 200 sojourns are under 2 µs, 198 under 4 µs.
+        assert_eq!(q.rx_quantile_us(0.5), Some(2.0));
+        assert_eq!(q.rx_quantile_us(0.99), Some(4.0));
+        assert_eq!(QueueSig::default().rx_quantile_us(0.5), None);
+    }
+}
