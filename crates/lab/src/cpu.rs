@@ -83,8 +83,16 @@ pub fn read_cores() -> Vec<CoreTicks> {
         .unwrap_or_default()
 }
 
-/// Run time (ns) of each thread of `pid`, keyed by thread id, with its name.
-pub fn read_threads(pid: u32) -> HashMap<u32, (String, u64)> {
+/// What schedstat says of one thread: ns on a CPU, and ns runnable but waiting for one
+/// (run_delay).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SchedTimes {
+    pub run_ns: u64,
+    pub wait_ns: u64,
+}
+
+/// Scheduler times of each thread of `pid`, keyed by thread id, with its name.
+pub fn read_threads(pid: u32) -> HashMap<u32, (String, SchedTimes)> {
     let mut out = HashMap::new();
     let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
         return out;
@@ -98,11 +106,13 @@ pub fn read_threads(pid: u32) -> HashMap<u32, (String, u64)> {
             .unwrap_or_default()
             .trim()
             .to_string();
-        let run = std::fs::read_to_string(base.join("schedstat"))
-            .ok()
-            .and_then(|s| s.split_whitespace().next().and_then(|x| x.parse().ok()))
-            .unwrap_or(0);
-        out.insert(tid, (comm, run));
+        let stat = std::fs::read_to_string(base.join("schedstat")).unwrap_or_default();
+        let mut fields = stat.split_whitespace().map(|x| x.parse().unwrap_or(0));
+        let times = SchedTimes {
+            run_ns: fields.next().unwrap_or(0),
+            wait_ns: fields.next().unwrap_or(0),
+        };
+        out.insert(tid, (comm, times));
     }
     out
 }
@@ -112,22 +122,28 @@ pub struct ThreadCpu {
     pub process: String,
     pub thread: String,
     pub cpu_s: f64,
+    /// Seconds it was runnable but waited for a CPU: on an oversubscribed host, time
+    /// every packet the thread holds spends waiting too.
+    #[serde(default)]
+    pub wait_s: f64,
 }
 
-/// Per-thread CPU seconds between two readings (threads that appeared count from 0).
+/// Per-thread CPU and run-queue seconds between two readings (threads that appeared
+/// count from 0).
 pub fn thread_deltas(
     process: &str,
-    before: &HashMap<u32, (String, u64)>,
-    after: &HashMap<u32, (String, u64)>,
+    before: &HashMap<u32, (String, SchedTimes)>,
+    after: &HashMap<u32, (String, SchedTimes)>,
 ) -> Vec<ThreadCpu> {
     let mut v: Vec<ThreadCpu> = after
         .iter()
-        .map(|(tid, (name, run))| {
-            let start = before.get(tid).map_or(0, |(_, r)| *r);
+        .map(|(tid, (name, now))| {
+            let start = before.get(tid).map(|(_, t)| *t).unwrap_or_default();
             ThreadCpu {
                 process: process.to_string(),
                 thread: name.clone(),
-                cpu_s: run.saturating_sub(start) as f64 / 1e9,
+                cpu_s: now.run_ns.saturating_sub(start.run_ns) as f64 / 1e9,
+                wait_s: now.wait_ns.saturating_sub(start.wait_ns) as f64 / 1e9,
             }
         })
         .filter(|t| t.cpu_s > 0.0)

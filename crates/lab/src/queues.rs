@@ -103,7 +103,15 @@ fn both_ends(r: &RunRecord) -> Option<QueueSig> {
     (sum.rx_timed > 0 || sum.tx_dequeued > 0).then_some(sum)
 }
 
-const HEADER: [&str; 10] = [
+/// Seconds the daemons' threads waited for a CPU per second they ran: above 1, every
+/// packet a thread holds waits longer for the CPU than for the work on it.
+fn runqueue_wait_per_cpu_s(r: &RunRecord) -> Option<f64> {
+    let cpu: f64 = r.cpu.threads.iter().map(|t| t.cpu_s).sum();
+    let wait: f64 = r.cpu.threads.iter().map(|t| t.wait_s).sum();
+    (cpu > 0.0 && wait > 0.0).then(|| wait / cpu)
+}
+
+const HEADER: [&str; 11] = [
     "cell",
     "implementation",
     "RX sojourn mean µs",
@@ -114,6 +122,7 @@ const HEADER: [&str; 10] = [
     "CoDel drops/s",
     "CoDel CE marks/s",
     "RFC 6040 drops",
+    "daemon run-queue wait per CPU-s",
 ];
 
 fn per_s(n: u64, r: &RunRecord) -> f64 {
@@ -148,6 +157,7 @@ pub fn table(g: &Grouped<'_>, impl_order: &[String]) -> String {
             });
             let marks = med(|r| both_ends(r).map(|q| per_s(q.tx_marked + q.rx_marked, r)));
             let ce = med(|r| both_ends(r).map(|q| q.rx_ce_not_ect as f64));
+            let wait = med(runqueue_wait_per_cpu_s);
             let f = |x: Option<f64>| x.map_or("–".to_string(), |x| format!("{x:.0}"));
             rows.push([
                 cell.clone(),
@@ -160,6 +170,7 @@ pub fn table(g: &Grouped<'_>, impl_order: &[String]) -> String {
                 f(drops),
                 f(marks),
                 f(ce),
+                wait.map_or("–".to_string(), |x| format!("{x:.2}")),
             ]);
         }
     }
@@ -169,10 +180,11 @@ pub fn table(g: &Grouped<'_>, impl_order: &[String]) -> String {
     let line = |cells: &[String]| format!("| {} |\n", cells.join(" | "));
     let mut out = String::from(
         "\nQueues (wirelane only; both ends, medians): receive sojourn from the kernel's \
-         arrival time to the TUN write, transmit flow-queue sojourn, controller verdicts:\n\n",
+         arrival time to the TUN write, transmit flow-queue sojourn, controller verdicts, \
+         and how long the daemons' threads waited for a CPU:\n\n",
     );
     out.push_str(&line(&HEADER.map(String::from)));
-    out.push_str(&line(&["---"; 10].map(String::from)));
+    out.push_str(&line(&["---"; 11].map(String::from)));
     for r in &rows {
         out.push_str(&line(r));
     }
