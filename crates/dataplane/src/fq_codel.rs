@@ -64,7 +64,7 @@ impl std::str::FromStr for QueueDiscipline {
 
 /// How an interface manages its queues: the transmit discipline, and CoDel's
 /// parameters for the transmit flow queues and the receive side's controller (which
-/// runs with fq-codel only; see `stages::rx_deliver`).
+/// runs with fq-codel only; see `stages::rx_aqm`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct QueuePolicy {
     pub discipline: QueueDiscipline,

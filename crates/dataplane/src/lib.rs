@@ -12,6 +12,7 @@
 
 #[cfg(not(loom))]
 pub mod codel;
+#[cfg(not(loom))]
 pub mod config;
 #[cfg(not(loom))]
 pub mod exec;
