@@ -7,7 +7,7 @@
 
 use crate::record::RunRecord;
 use crate::signatures::Snapshot;
-use crate::summary::{summary_of, Grouped};
+use crate::summary::{markdown_table, rows_per_group, summary_of, Grouped};
 use crate::uapi;
 use serde::{Deserialize, Serialize};
 
@@ -132,63 +132,45 @@ fn per_s(n: u64, r: &RunRecord) -> f64 {
 /// The queue table in Markdown (medians of the repeats), or nothing when no run has
 /// the counters.
 pub fn table(g: &Grouped<'_>, impl_order: &[String]) -> String {
-    let mut rows = Vec::new();
-    for cell in &g.cells {
-        for name in impl_order {
-            let Some(runs) = g.by_cell[cell].get(name) else {
-                continue;
-            };
-            let med = |f: fn(&RunRecord) -> Option<f64>| summary_of(runs, f).map(|s| s.median);
-            let Some(rx_mean) = med(|r| {
-                both_ends(r).map(|q| q.rx_sojourn_ns as f64 / q.rx_timed.max(1) as f64 / 1e3)
-            }) else {
-                continue;
-            };
-            let rx_p50 = med(|r| both_ends(r).and_then(|q| q.rx_quantile_us(0.5)));
-            let rx_p99 = med(|r| both_ends(r).and_then(|q| q.rx_quantile_us(0.99)));
-            let rx_max = med(|r| both_ends(r).map(|q| q.rx_sojourn_max_ns as f64 / 1e3));
-            let tx_mean = med(|r| {
-                both_ends(r)
-                    .filter(|q| q.tx_dequeued > 0)
-                    .map(|q| q.tx_sojourn_ns as f64 / q.tx_dequeued as f64 / 1e3)
-            });
-            let drops = med(|r| {
-                both_ends(r).map(|q| per_s(q.tx_dropped + q.rx_dropped + q.tx_overflow, r))
-            });
-            let marks = med(|r| both_ends(r).map(|q| per_s(q.tx_marked + q.rx_marked, r)));
-            let ce = med(|r| both_ends(r).map(|q| q.rx_ce_not_ect as f64));
-            let wait = med(runqueue_wait_per_cpu_s);
-            let f = |x: Option<f64>| x.map_or("–".to_string(), |x| format!("{x:.0}"));
-            rows.push([
-                cell.clone(),
-                name.clone(),
-                format!("{rx_mean:.0}"),
-                f(rx_p50),
-                f(rx_p99),
-                f(rx_max),
-                f(tx_mean),
-                f(drops),
-                f(marks),
-                f(ce),
-                wait.map_or("–".to_string(), |x| format!("{x:.2}")),
-            ]);
-        }
-    }
-    if rows.is_empty() {
-        return String::new();
-    }
-    let line = |cells: &[String]| format!("| {} |\n", cells.join(" | "));
-    let mut out = String::from(
-        "\nQueues (wirelane only; both ends, medians): receive sojourn from the kernel's \
+    let rows = rows_per_group(g, impl_order, |cell, name, runs| {
+        let med = |f: fn(&RunRecord) -> Option<f64>| summary_of(runs, f).map(|s| s.median);
+        let rx_mean =
+            med(|r| both_ends(r).map(|q| q.rx_sojourn_ns as f64 / q.rx_timed.max(1) as f64 / 1e3))?;
+        let rx_p50 = med(|r| both_ends(r).and_then(|q| q.rx_quantile_us(0.5)));
+        let rx_p99 = med(|r| both_ends(r).and_then(|q| q.rx_quantile_us(0.99)));
+        let rx_max = med(|r| both_ends(r).map(|q| q.rx_sojourn_max_ns as f64 / 1e3));
+        let tx_mean = med(|r| {
+            both_ends(r)
+                .filter(|q| q.tx_dequeued > 0)
+                .map(|q| q.tx_sojourn_ns as f64 / q.tx_dequeued as f64 / 1e3)
+        });
+        let drops =
+            med(|r| both_ends(r).map(|q| per_s(q.tx_dropped + q.rx_dropped + q.tx_overflow, r)));
+        let marks = med(|r| both_ends(r).map(|q| per_s(q.tx_marked + q.rx_marked, r)));
+        let ce = med(|r| both_ends(r).map(|q| q.rx_ce_not_ect as f64));
+        let wait = med(runqueue_wait_per_cpu_s);
+        let f = |x: Option<f64>| x.map_or("–".to_string(), |x| format!("{x:.0}"));
+        Some([
+            cell.to_string(),
+            name.to_string(),
+            format!("{rx_mean:.0}"),
+            f(rx_p50),
+            f(rx_p99),
+            f(rx_max),
+            f(tx_mean),
+            f(drops),
+            f(marks),
+            f(ce),
+            wait.map_or("–".to_string(), |x| format!("{x:.2}")),
+        ])
+    });
+    markdown_table(
+        "Queues (wirelane only; both ends, medians): receive sojourn from the kernel's \
          arrival time to the TUN write, transmit flow-queue sojourn, controller verdicts, \
-         and how long the daemons' threads waited for a CPU:\n\n",
-    );
-    out.push_str(&line(&HEADER.map(String::from)));
-    out.push_str(&line(&["---"; 11].map(String::from)));
-    for r in &rows {
-        out.push_str(&line(r));
-    }
-    out
+         and how long the daemons' threads waited for a CPU:",
+        &HEADER,
+        &rows,
+    )
 }
 
 #[cfg(test)]

@@ -308,52 +308,71 @@ pub const SIGNATURE_HEADER: [&str; 7] = [
 /// packets per serial-stage invocation with many empty polls, and one core busy while
 /// the others idle.
 pub fn signature_rows(g: &Grouped<'_>, impl_order: &[String]) -> Vec<[String; 7]> {
+    rows_per_group(g, impl_order, |cell, name, runs| {
+        let med = |f: fn(&RunRecord) -> Option<f64>| summary_of(runs, f).map(|s| s.median);
+        let ppi = med(|r| receiver_sigs(r).map(|s| s.packets_per_invocation()))?;
+        let empty = med(|r| receiver_sigs(r).map(|s| s.empty_share() * 100.0)).unwrap_or(0.0);
+        let pending =
+            med(|r| receiver_sigs(r).map(|s| s.head_pending_share() * 100.0)).unwrap_or(0.0);
+        let invol = med(|r| {
+            receiver_sigs(r).map(|s| s.involuntary_switches() as f64 / r.seconds.max(1e-9))
+        })
+        .unwrap_or(0.0);
+        let spread = med(|r| r.cpu.core_spread().map(|x| x * 100.0));
+        Some([
+            cell.to_string(),
+            name.to_string(),
+            fmt_num(ppi),
+            format!("{empty:.1}%"),
+            format!("{pending:.1}%"),
+            format!("{invol:.0}"),
+            spread.map_or("–".into(), |s| format!("{s:.0} points")),
+        ])
+    })
+}
+
+/// One row per cell and implementation with runs, cells in first-seen order and
+/// implementations in `impl_order`; `row` skips a group by returning None.
+pub fn rows_per_group<const N: usize>(
+    g: &Grouped<'_>,
+    impl_order: &[String],
+    mut row: impl FnMut(&str, &str, &[&RunRecord]) -> Option<[String; N]>,
+) -> Vec<[String; N]> {
     let mut rows = Vec::new();
     for cell in &g.cells {
         for name in impl_order {
-            let Some(runs) = g.by_cell[cell].get(name) else {
-                continue;
-            };
-            let med = |f: fn(&RunRecord) -> Option<f64>| summary_of(runs, f).map(|s| s.median);
-            let Some(ppi) = med(|r| receiver_sigs(r).map(|s| s.packets_per_invocation())) else {
-                continue;
-            };
-            let empty = med(|r| receiver_sigs(r).map(|s| s.empty_share() * 100.0)).unwrap_or(0.0);
-            let pending =
-                med(|r| receiver_sigs(r).map(|s| s.head_pending_share() * 100.0)).unwrap_or(0.0);
-            let invol = med(|r| {
-                receiver_sigs(r).map(|s| s.involuntary_switches() as f64 / r.seconds.max(1e-9))
-            })
-            .unwrap_or(0.0);
-            let spread = med(|r| r.cpu.core_spread().map(|x| x * 100.0));
-            rows.push([
-                cell.clone(),
-                name.clone(),
-                fmt_num(ppi),
-                format!("{empty:.1}%"),
-                format!("{pending:.1}%"),
-                format!("{invol:.0}"),
-                spread.map_or("–".into(), |s| format!("{s:.0} points")),
-            ]);
+            if let Some(runs) = g.by_cell[cell].get(name) {
+                rows.extend(row(cell, name, runs));
+            }
         }
     }
     rows
 }
 
-/// The signature table in Markdown, or nothing when no run has signatures.
-pub fn signatures_table(g: &Grouped<'_>, impl_order: &[String]) -> String {
-    let rows = signature_rows(g, impl_order);
+/// A Markdown table after the paragraph `intro`, or nothing without rows.
+pub fn markdown_table<const N: usize>(
+    intro: &str,
+    header: &[&str; N],
+    rows: &[[String; N]],
+) -> String {
     if rows.is_empty() {
         return String::new();
     }
     let line = |cells: &[String]| format!("| {} |\n", cells.join(" | "));
-    let mut out = String::from(
-        "\nExecution-order signatures at the receiving end (wirelane only), medians:\n\n",
-    );
-    out.push_str(&line(&SIGNATURE_HEADER.map(String::from)));
-    out.push_str(&line(&["---"; 7].map(String::from)));
-    for r in &rows {
+    let mut out = format!("\n{intro}\n\n");
+    out.push_str(&line(&header.map(String::from)));
+    out.push_str(&line(&[(); N].map(|_| "---".to_string())));
+    for r in rows {
         out.push_str(&line(r));
     }
     out
+}
+
+/// The signature table in Markdown, or nothing when no run has signatures.
+pub fn signatures_table(g: &Grouped<'_>, impl_order: &[String]) -> String {
+    markdown_table(
+        "Execution-order signatures at the receiving end (wirelane only), medians:",
+        &SIGNATURE_HEADER,
+        &signature_rows(g, impl_order),
+    )
 }

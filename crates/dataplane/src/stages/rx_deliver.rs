@@ -76,7 +76,7 @@ pub fn deliver(c: StageCtx<'_>, peer: &Arc<Peer>, budget: usize) -> Drained {
         let mut body = batch.body();
         let mut last_src = None;
         let mut any_data = false;
-        let mut to_write: Vec<(usize, usize)> = Vec::with_capacity(body.packets.len());
+        let mut to_write: Vec<usize> = Vec::with_capacity(body.packets.len());
         for (i, p) in body.packets.iter().enumerate() {
             if !p.ok {
                 dev.stats.rx_auth_failed.fetch_add(1, Ordering::Relaxed);
@@ -94,7 +94,7 @@ pub fn deliver(c: StageCtx<'_>, peer: &Arc<Peer>, budget: usize) -> Drained {
                 continue;
             }
             any_data = true;
-            to_write.push((i, p.len));
+            to_write.push(i);
         }
         if let Some((src, local)) = last_src {
             let kp = batch.keypair.clone();
@@ -108,7 +108,7 @@ pub fn deliver(c: StageCtx<'_>, peer: &Arc<Peer>, budget: usize) -> Drained {
         }
         let table = dev.table();
         let mut keep: Vec<(usize, usize)> = Vec::with_capacity(to_write.len());
-        for (i, _) in to_write {
+        for i in to_write {
             let Some(h) = inner::parse(body.packets[i].plaintext()) else {
                 dev.stats.rx_bad_inner.fetch_add(1, Ordering::Relaxed);
                 continue;
