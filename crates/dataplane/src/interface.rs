@@ -220,8 +220,12 @@ impl Interface {
     }
 
     pub(crate) fn replace_sockets(&self, s: Sockets) {
-        *self.sockets_mut() = s;
+        let old = std::mem::replace(&mut *self.sockets_mut(), s);
         self.sockets_generation.fetch_add(1, Ordering::SeqCst);
+        // After the generation moved: a woken reader must see the new one.
+        if let Some(w) = &old.retired {
+            w.wake();
+        }
     }
 
     pub(crate) fn gate(&self) -> MutexGuard<'_, Option<Gate>> {

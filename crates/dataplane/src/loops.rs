@@ -22,7 +22,7 @@ use std::sync::{Arc, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use wirelane_io::netlink::Monitor;
-use wirelane_io::poll::{wait_readable, Ready, Waker};
+use wirelane_io::poll::{wait_readable, wait_readable_any, Ready, Waker};
 
 /// How often an idle UDP reader looks for sockets a UAPI rebind replaced. Stopping
 /// never waits for it: the interface's waker wakes every poller at once.
@@ -119,15 +119,18 @@ fn udp_reader(iface: &Arc<Interface>, sched: &dyn Scheduler, v6: bool, role: Soc
     let c = StageCtx { iface, sched };
     let mut replies = Replies::default();
     while !iface.stopping() {
+        // The generation is read before the sockets: a rebind between the two is seen
+        // as a changed generation after one pass on the new sockets, never missed.
         let generation = iface.sockets_generation.load(Ordering::SeqCst);
-        let sock = iface.sockets().for_reader(v6, role).cloned();
+        let (sock, retired) = {
+            let s = iface.sockets();
+            (s.for_reader(v6, role).cloned(), s.retired.clone())
+        };
+        let mut wakers = vec![&iface.waker];
+        wakers.extend(retired.as_deref());
         let Some(sock) = sock else {
-            // No socket of this kind (yet): wait for a rebind or stop.
-            let _ = wait_readable(
-                iface.waker.fd(),
-                &iface.waker,
-                IDLE_CHECK.as_millis() as i32,
-            );
+            // No socket of this kind on this binding: wait for a rebind or stop.
+            let _ = wait_readable_any(-1, &wakers, IDLE_CHECK.as_millis() as i32);
             continue;
         };
         let mut scratch = stages::udp_recv::RecvScratch::new(sock.gro_enabled());
@@ -135,10 +138,10 @@ fn udp_reader(iface: &Arc<Interface>, sched: &dyn Scheduler, v6: bool, role: Soc
             // After a receive that used every buffer the socket likely holds more: skip
             // the poll, which under load would cost a syscall per batch for nothing.
             if !scratch.filled() {
-                match wait_readable(sock.fd(), &iface.waker, IDLE_CHECK.as_millis() as i32) {
+                match wait_readable_any(sock.fd(), &wakers, IDLE_CHECK.as_millis() as i32) {
                     Ok(Ready::Readable) => {}
-                    Ok(Ready::Timeout) => continue,
-                    Ok(Ready::Woken) => return,
+                    // Stopping or rebound: the loop conditions tell which.
+                    Ok(Ready::Timeout | Ready::Woken) => continue,
                     Err(e) => return iface.fail(format!("polling the UDP socket failed: {e}")),
                 }
             }

@@ -41,6 +41,10 @@ pub struct Packet {
     pub rx_time_ns: u64,
     /// RX: the outer header's ECN field.
     pub outer_ecn: u8,
+    /// RX: when it was read, more datagrams waited behind it (later in the same
+    /// receive, or a receive that used every buffer). A packet alone in the socket
+    /// is no standing queue, however long it waited (CoDel's maxpacket rule).
+    pub queued_behind: bool,
     /// Set by the crypt stage: the packet authenticated (RX) or was sealed (TX).
     pub ok: bool,
 }
@@ -62,6 +66,7 @@ impl Packet {
             route_mtu: 0,
             rx_time_ns: 0,
             outer_ecn: 0,
+            queued_behind: false,
             ok: false,
         }
     }

@@ -4,6 +4,7 @@
 use crate::ports::UdpPort;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use wirelane_io::poll::Waker;
 use wirelane_io::udp::{ProofRule, Steering, UdpSocket};
 
 /// Receive buffer of each handshake socket (see `Sockets::bind`). The kernel charges a
@@ -33,6 +34,10 @@ pub struct Sockets {
     pub proof6: Option<Arc<dyn UdpPort>>,
     pub port: u16,
     pub fwmark: u32,
+    /// Fires once these sockets are replaced (a new listen port), so that each reader
+    /// blocked on one of them moves to its successor at once rather than at its next
+    /// idle check. It stays readable until the last reader lets go of it.
+    pub retired: Option<Arc<Waker>>,
 }
 
 /// Which of a family's sockets a UDP reader serves.
@@ -129,6 +134,7 @@ impl Sockets {
             proof6: proof6.map(port_of),
             port,
             fwmark,
+            retired: Some(Arc::new(Waker::new()?)),
         };
         s.apply_fwmark(fwmark)?;
         Ok(s)
@@ -156,5 +162,32 @@ impl Sockets {
             s.set_mark(mark)?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fq_codel::QueuePolicy;
+    use crate::interface::Interface;
+    use crate::memory::MemoryTun;
+    use wirelane_io::poll::{wait_readable_any, Ready};
+
+    fn fired(w: &Waker) -> bool {
+        wait_readable_any(-1, &[w], 0).unwrap() == Ready::Woken
+    }
+
+    #[test]
+    fn replaced_sockets_wake_their_readers() {
+        let tun = MemoryTun::new("wl-test", |_| {}, None).unwrap();
+        let first = Sockets::bind(0, 0).unwrap();
+        let first_retired = first.retired.clone().unwrap();
+        let iface = Interface::new(Box::new(tun), first, QueuePolicy::default()).unwrap();
+        assert!(!fired(&first_retired), "in use: quiet");
+
+        iface.replace_sockets(Sockets::bind(0, 0).unwrap());
+        assert!(fired(&first_retired), "replaced: its readers wake");
+        let second_retired = iface.sockets().retired.clone().unwrap();
+        assert!(!fired(&second_retired), "the successor's waker stays quiet");
     }
 }

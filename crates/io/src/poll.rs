@@ -42,21 +42,34 @@ pub enum Ready {
 
 /// Waits until `fd` is readable, the waker fires, or `timeout_ms` passes (-1: forever).
 pub fn wait_readable(fd: RawFd, waker: &Waker, timeout_ms: i32) -> io::Result<Ready> {
-    let mut fds = [
-        libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        },
-        libc::pollfd {
-            fd: waker.fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        },
-    ];
+    wait_readable_any(fd, &[waker], timeout_ms)
+}
+
+/// Waits until `fd` is readable, any of `wakers` fires, or `timeout_ms` passes (-1:
+/// forever). A negative `fd` waits for the wakers alone.
+pub fn wait_readable_any(fd: RawFd, wakers: &[&Waker], timeout_ms: i32) -> io::Result<Ready> {
+    const MAX_WAKERS: usize = 3;
+    if wakers.len() > MAX_WAKERS {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("at most {MAX_WAKERS} wakers can be polled at once"),
+        ));
+    }
+    let entry = |fd| libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let mut fds = [entry(-1); 1 + MAX_WAKERS];
+    fds[0] = entry(fd);
+    for (slot, w) in fds[1..].iter_mut().zip(wakers) {
+        *slot = entry(w.fd());
+    }
+    let n = 1 + wakers.len();
     loop {
-        // SAFETY: fds is a valid array of two pollfd structs for the call's duration.
-        let r = unsafe { libc::poll(fds.as_mut_ptr(), 2, timeout_ms) };
+        // SAFETY: fds is a valid array of at least n pollfd structs for the call's
+        // duration; poll ignores the entries whose fd is negative.
+        let r = unsafe { libc::poll(fds.as_mut_ptr(), n as libc::nfds_t, timeout_ms) };
         if r < 0 {
             let e = io::Error::last_os_error();
             if e.kind() == io::ErrorKind::Interrupted {
@@ -64,7 +77,7 @@ pub fn wait_readable(fd: RawFd, waker: &Waker, timeout_ms: i32) -> io::Result<Re
             }
             return Err(e);
         }
-        if fds[1].revents != 0 {
+        if fds[1..n].iter().any(|f| f.revents != 0) {
             return Ok(Ready::Woken);
         }
         if fds[0].revents & (libc::POLLIN | libc::POLLERR | libc::POLLHUP | libc::POLLNVAL) != 0 {

@@ -63,6 +63,11 @@ pub fn judge_all(
     keep: &mut Vec<(usize, usize)>,
 ) -> Tally {
     let mut t = Tally::default();
+    // A packet stands in a queue when another waited behind it: one read after it from
+    // the socket, or a later one delivered in this same run. The last packet of an
+    // idle moment has neither, so its sojourn, however long (a slow wake-up, a socket
+    // rebound), never counts as a standing queue and resets the controller.
+    let last = keep.last().map(|&(i, _)| i);
     keep.retain(|&(i, len)| {
         let p = &mut packets[i];
         let plain = &mut p.buf[HEADROOM..HEADROOM + len];
@@ -82,7 +87,8 @@ pub fn judge_all(
         let Some((codel, params)) = codel.as_mut() else {
             return true;
         };
-        if !codel.judge(params, now, sojourn, true) {
+        let standing = p.queued_behind || Some(i) != last;
+        if !codel.judge(params, now, sojourn, standing) {
             return true;
         }
         if params.ecn && inner::set_ce(plain) {

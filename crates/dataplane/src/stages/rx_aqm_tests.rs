@@ -66,12 +66,14 @@ fn sojourn_is_counted_from_the_arrival_time_without_a_controller() {
     assert_eq!((t.hist[12], t.hist[8], t.hist[0]), (1, 1, 1));
 }
 
-/// Packets arriving every 100 µs and leaving `wait` later, from `from` to `until`.
+/// Packets arriving every 100 µs and leaving `wait` later, from `from` to `until`:
+/// when `wait` exceeds 100 µs, each leaves others queued behind it.
 fn run(codel: &mut Codel, tos: u8, wait: u64, from: u64, until: u64) -> Tally {
     let mut sum = Tally::default();
     let mut now = from;
     while now < until {
         let mut packets = vec![received(tos, now - wait, 0)];
+        packets[0].queued_behind = wait > 100_000;
         let mut keep = all(&packets);
         let t = judge_all(
             Some((codel, &CodelParams::RFC)),
@@ -110,5 +112,57 @@ fn the_controller_drops_not_ect_and_marks_ect_after_an_interval_above_target() {
     // The sojourn recovers: the controller stops at once.
     let t = run(&mut codel, 0, MS, 1_510 * MS, 2_010 * MS);
     assert_eq!((t.dropped, t.marked), (0, 0));
+    assert!(!codel.dropping());
+}
+
+#[test]
+fn a_lone_packet_is_no_standing_queue_however_long_it_waited() {
+    // A standing 8 ms queue arms the controller (first interval above target).
+    let mut codel = Codel::default();
+    let t = run(&mut codel, 0, 8 * MS, 10 * MS, 100 * MS);
+    assert_eq!(t.dropped, 0);
+
+    // Then single packets, each alone in the socket and in its delivery run, 200 ms
+    // apart and 160 ms late (a slow wake-up, a rebound socket): an interval has long
+    // passed since the sojourn first went above target, yet none is dropped.
+    for k in 1..=5 {
+        let now = 100 * MS + k * 200 * MS;
+        let mut packets = vec![received(0, now - 160 * MS, 0)];
+        let mut keep = all(&packets);
+        let t = judge_all(
+            Some((&mut codel, &CodelParams::RFC)),
+            now,
+            &mut packets,
+            &mut keep,
+        );
+        assert_eq!((t.dropped, keep.len()), (0, 1), "lone packet {k}");
+    }
+
+    // A lone packet resets the controller: a standing queue forming afterwards gets a
+    // full interval again before the first drop.
+    let t = run(&mut codel, 0, 8 * MS, 1_200 * MS, 1_290 * MS);
+    assert_eq!(t.dropped, 0, "the interval restarts after the lone packet");
+}
+
+#[test]
+fn packets_delivered_together_stand_behind_each_other() {
+    // Arm the controller with a standing queue, then deliver one run of three packets,
+    // 8 ms late, each read last from its socket: the first two had another behind them
+    // in the run, so the first enters the dropping state; the last had none, so the
+    // queue ran empty with it and the controller leaves that state.
+    let mut codel = Codel::default();
+    let t = run(&mut codel, 0, 8 * MS, 10 * MS, 100 * MS);
+    assert_eq!(t.dropped, 0);
+    let now = 150 * MS;
+    let mut packets: Vec<Packet> = (0..3).map(|_| received(0, now - 8 * MS, 0)).collect();
+    let mut keep = all(&packets);
+    let t = judge_all(
+        Some((&mut codel, &CodelParams::RFC)),
+        now,
+        &mut packets,
+        &mut keep,
+    );
+    assert_eq!(t.dropped, 1);
+    assert_eq!(keep.iter().map(|k| k.0).collect::<Vec<_>>(), [1, 2]);
     assert!(!codel.dropping());
 }

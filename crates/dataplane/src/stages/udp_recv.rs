@@ -2,7 +2,7 @@
 //! their sources, in arrival order (recvmmsg). With UDP GRO the kernel may hand over
 //! several datagrams of one flow in one buffer; they are split apart here, so later
 //! stages always see single datagrams. Each keeps the kernel's arrival time (where its
-//! sojourn starts) and its outer ECN field.
+//! sojourn starts), its outer ECN field, and whether more datagrams waited behind it.
 
 use crate::packet::{Packet, MAX_BATCH};
 use crate::ports::UdpPort;
@@ -58,5 +58,40 @@ pub fn recv_batch(sock: &dyn UdpPort, s: &mut RecvScratch) -> io::Result<Vec<Pac
         Err(e) => return Err(e),
     };
     s.filled = n == s.batch.capacity();
+    if let Some((last, before)) = out.split_last_mut() {
+        before.iter_mut().for_each(|p| p.queued_behind = true);
+        last.queued_behind = s.filled;
+    }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::MemoryNet;
+    use crate::ports::UdpPort;
+    use std::sync::Arc;
+
+    #[test]
+    fn each_packet_knows_whether_others_waited_behind_it() {
+        let net = Arc::new(MemoryNet::default());
+        let a = net.socket("10.0.0.1:1".parse().unwrap(), None).unwrap();
+        let b = net.socket("10.0.0.2:2".parse().unwrap(), None).unwrap();
+        let dgrams: Vec<Vec<u8>> = (0..MAX_BATCH + 3).map(|i| vec![i as u8; 32]).collect();
+        let msgs: Vec<(&[u8], _)> = dgrams.iter().map(|d| (&d[..], b.addr())).collect();
+        a.send_batch(&msgs, None).unwrap();
+
+        let mut scratch = RecvScratch::new(false);
+        let behind = |packets: Vec<Packet>| -> Vec<bool> {
+            packets.iter().map(|p| p.queued_behind).collect()
+        };
+        // A receive that used every buffer: the socket may hold more behind each one.
+        let first = behind(recv_batch(&*b, &mut scratch).unwrap());
+        assert!(scratch.filled());
+        assert_eq!(first, vec![true; MAX_BATCH]);
+        // The rest: the last one read left the socket empty.
+        let rest = behind(recv_batch(&*b, &mut scratch).unwrap());
+        assert!(!scratch.filled());
+        assert_eq!(rest, [true, true, false]);
+    }
 }
