@@ -22,6 +22,7 @@ pub mod report;
 pub mod robust;
 pub mod run;
 pub mod signatures;
+pub mod star;
 pub mod stats;
 pub mod summary;
 pub mod testbed;

@@ -149,6 +149,10 @@ enum Cmd {
         #[arg(long)]
         rate: Option<u64>,
     },
+    /// The gateway at scale (star:N): one gateway under test, N peers emulated on the
+    /// protocol library with their traffic sealed before the timed phase; sweeps N ×
+    /// direction × implementation with interleaved repeats.
+    Star(wirelane_lab::star::report::StarArgs),
     /// Robustness scenarios against a wirelane tunnel in fresh namespaces, with figures.
     Robust {
         #[command(subcommand)]
@@ -554,6 +558,7 @@ fn main() -> ExitCode {
     install_signal_handlers();
     let r = match &cli.cmd {
         Cmd::Generate { kind } => generate(kind),
+        Cmd::Star(a) => wirelane_lab::star::report::run_cli(a),
         Cmd::Run {
             matrix,
             out,

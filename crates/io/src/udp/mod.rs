@@ -86,10 +86,24 @@ pub fn socket_drops(fd: RawFd) -> io::Result<u32> {
     Ok(info[libc::SK_MEMINFO_DROPS as usize])
 }
 
+fn wildcard(v6: bool, port: u16) -> SocketAddr {
+    if v6 {
+        SocketAddr::from((Ipv6Addr::UNSPECIFIED, port))
+    } else {
+        SocketAddr::from((Ipv4Addr::UNSPECIFIED, port))
+    }
+}
+
 impl UdpSocket {
     /// Binds a non-blocking UDP socket on the wildcard address of one family.
     pub fn bind(v6: bool, port: u16) -> io::Result<UdpSocket> {
-        Self::open(v6, port, false)
+        Self::open(wildcard(v6, port), false)
+    }
+
+    /// Binds a non-blocking UDP socket on one address and port (a load generator's
+    /// emulated host; with an AnyIP route the address need not be on an interface).
+    pub fn bind_addr(addr: SocketAddr) -> io::Result<UdpSocket> {
+        Self::open(addr, false)
     }
 
     /// Binds the three sockets of one family on `port` (0: any): data, handshake and
@@ -110,17 +124,18 @@ impl UdpSocket {
         port: u16,
         steering: &Steering,
     ) -> io::Result<(UdpSocket, io::Result<(UdpSocket, UdpSocket)>)> {
-        let port = Self::open(v6, port, false)?.local_port()?;
-        let data = Self::open(v6, port, true)?;
-        let others = Self::open(v6, port, true).and_then(|handshake| {
-            let proof = Self::open(v6, port, true)?;
+        let port = Self::open(wildcard(v6, port), false)?.local_port()?;
+        let data = Self::open(wildcard(v6, port), true)?;
+        let others = Self::open(wildcard(v6, port), true).and_then(|handshake| {
+            let proof = Self::open(wildcard(v6, port), true)?;
             attach_steering(data.fd(), steering)?;
             Ok((handshake, proof))
         });
         Ok((data, others))
     }
 
-    fn open(v6: bool, port: u16, reuse_port: bool) -> io::Result<UdpSocket> {
+    fn open(addr: SocketAddr, reuse_port: bool) -> io::Result<UdpSocket> {
+        let v6 = addr.is_ipv6();
         let family = if v6 { libc::AF_INET6 } else { libc::AF_INET };
         // SAFETY: plain socket creation; result checked.
         let fd = cvt(unsafe {
@@ -153,11 +168,6 @@ impl UdpSocket {
                 let _ = setsockopt_int(raw, libc::SOL_SOCKET, plain, SOCKET_BUFFER);
             }
         }
-        let addr = if v6 {
-            SocketAddr::from((Ipv6Addr::UNSPECIFIED, port))
-        } else {
-            SocketAddr::from((Ipv4Addr::UNSPECIFIED, port))
-        };
         if reuse_port {
             setsockopt_int(raw, libc::SOL_SOCKET, libc::SO_REUSEPORT, 1)?;
         }

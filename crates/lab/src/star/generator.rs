@@ -1,0 +1,504 @@
+//! The star scenario's load generator: N emulated peers (`emulated`), each on a UDP
+//! socket of its own in the generator's namespace.
+//!
+//! Flow: `Generator::new` binds the sockets → `handshake` completes every peer's
+//! handshake as initiator, paced, answering cookie replies and retrying as the protocol
+//! says → `keepalive` confirms each session to the gateway → `seal` builds every
+//! transport message of the timed phase ahead of it (counters in order per peer) →
+//! `send` sends them, one peer's run of equal-size segments per `sendmsg` (UDP GSO),
+//! rotating over the peers, paced or unlimited. In the transmit direction `receive`
+//! counts what the gateway sends each peer and opens a sample.
+//!
+//! One thread runs it all, inside the generator's namespace (the sockets are created
+//! there); its own CPU time is measured so that the gateway is never charged for it.
+
+use super::emulated::{EmulatedPeer, Heard};
+use super::inner::{self, Stamp};
+use crate::hist::Histogram;
+use crate::workload::udp::SeqTracker;
+use crate::Result;
+use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::time::{Duration, Instant, SystemTime};
+use wirelane_io::udp::{RecvBatch, UdpSocket, GSO_MAX_BYTES, GSO_MAX_SEGMENTS};
+use wirelane_proto::messages::TRANSPORT_HEADER_LEN;
+
+/// The first emulated peer's UDP port; peer i uses FIRST_PORT + i.
+pub const FIRST_PORT: u16 = 20_000;
+/// Peers one generator emulates at most (their ports end below 65,536).
+pub const MAX_PEERS: usize = 40_000;
+/// The tunnel MTU the gateway is configured with (the `wg-quick` default).
+pub const MTU: usize = 1420;
+
+pub struct Generator {
+    pub peers: Vec<EmulatedPeer>,
+    socks: Vec<UdpSocket>,
+    epoll: OwnedFd,
+    gateway: SocketAddr,
+    /// The generator's monotonic clock origin (cookie ages, keypair birth).
+    base: Instant,
+}
+
+/// When the peers got their sessions, and what it took.
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize, PartialEq)]
+pub struct HandshakeReport {
+    pub peers: usize,
+    pub established: usize,
+    /// Seconds from the first initiation until 50%, 99% and all of the peers had a
+    /// session (None: never reached).
+    pub to_half_s: Option<f64>,
+    pub to_99_s: Option<f64>,
+    pub to_all_s: Option<f64>,
+    pub initiations: u64,
+    pub cookie_replies: u64,
+}
+
+/// The sealed traffic of a receive-direction phase, built before it.
+pub struct Sealed {
+    /// Per peer, its messages laid end to end, `outer_len` bytes each.
+    per_peer: Vec<Vec<u8>>,
+    pub outer_len: usize,
+    pub per_peer_count: usize,
+    /// Messages per `sendmsg` (one peer's, consecutive).
+    pub burst: usize,
+    /// Time between the starts of consecutive bursts when paced, ns (0: unlimited).
+    pub burst_interval_ns: u64,
+}
+
+impl Sealed {
+    pub fn bursts(&self) -> usize {
+        self.per_peer.len() * (self.per_peer_count / self.burst)
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.per_peer.len() * self.per_peer_count * self.outer_len
+    }
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct SendReport {
+    pub packets: u64,
+    pub cpu_s: f64,
+    pub wall_s: f64,
+    /// How late each burst left against its schedule, ns (paced runs).
+    pub lateness: Histogram,
+}
+
+/// What the peers received in the transmit direction.
+#[derive(Debug, Clone, Default)]
+pub struct ReceiveReport {
+    pub packets: u64,
+    pub per_peer: Vec<u64>,
+    /// Outer counters seen again, or below one already seen, per peer.
+    pub duplicates: u64,
+    pub reordered: u64,
+    pub sampled: u64,
+    /// Samples that failed to open, or opened to another packet than the peer's.
+    pub sample_bad: u64,
+    /// Distinct inner sequence numbers among the good samples, over all peers.
+    pub sample_unique: u64,
+    pub first: Option<Instant>,
+    pub last: Option<Instant>,
+    pub cpu_s: f64,
+}
+
+/// CPU time of the calling thread, in seconds.
+pub fn thread_cpu_s() -> f64 {
+    // SAFETY: clock_gettime writes one timespec we own.
+    let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as f64 + ts.tv_nsec as f64 / 1e9
+}
+
+/// Raises the open-file limit to hold `need` more descriptors, or says why it cannot.
+pub fn ensure_descriptors(need: usize) -> Result<()> {
+    // SAFETY: getrlimit/setrlimit read and write one rlimit we own.
+    let mut lim: libc::rlimit = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) };
+    let want = (need as u64 + 1024).max(lim.rlim_cur);
+    if want <= lim.rlim_cur {
+        return Ok(());
+    }
+    let new = libc::rlimit {
+        rlim_cur: want,
+        rlim_max: want.max(lim.rlim_max),
+    };
+    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &new) } != 0 {
+        return Err(format!(
+            "{need} emulated peers need {need} sockets, but the open-file limit is {} (hard {}) \
+             and could not be raised: {}",
+            lim.rlim_cur,
+            lim.rlim_max,
+            std::io::Error::last_os_error()
+        )
+        .into());
+    }
+    Ok(())
+}
+
+impl Generator {
+    /// Binds one socket per peer, in the calling thread's namespace, and registers
+    /// them for readiness: peer i on port FIRST_PORT + i, at address `source(i)` when
+    /// given (each peer its own host, as a gateway's clients are), else at the
+    /// wildcard (all peers behind one address).
+    pub fn new(
+        peers: Vec<EmulatedPeer>,
+        gateway: SocketAddr,
+        source: Option<fn(usize) -> std::net::Ipv4Addr>,
+    ) -> Result<Generator> {
+        if peers.len() > MAX_PEERS {
+            return Err(format!("at most {MAX_PEERS} emulated peers").into());
+        }
+        ensure_descriptors(peers.len())?;
+        // SAFETY: epoll_create1 has no memory preconditions; the result is checked.
+        let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        if fd < 0 {
+            return Err(format!("epoll_create1: {}", std::io::Error::last_os_error()).into());
+        }
+        // SAFETY: fd is a fresh descriptor we own.
+        let epoll = unsafe { OwnedFd::from_raw_fd(fd) };
+        let mut socks = Vec::with_capacity(peers.len());
+        for i in 0..peers.len() {
+            let port = FIRST_PORT + i as u16;
+            let s = match source {
+                Some(f) => UdpSocket::bind_addr(SocketAddr::new(f(i).into(), port)),
+                None => UdpSocket::bind(false, port),
+            }
+            .map_err(|e| format!("binding emulated peer {i}'s port {port}: {e}"))?;
+            let mut ev = libc::epoll_event {
+                events: libc::EPOLLIN as u32,
+                u64: i as u64,
+            };
+            // SAFETY: both descriptors are open; ev is a valid event for the call.
+            if unsafe { libc::epoll_ctl(fd, libc::EPOLL_CTL_ADD, s.fd(), &mut ev) } != 0 {
+                return Err(format!("epoll_ctl: {}", std::io::Error::last_os_error()).into());
+            }
+            socks.push(s);
+        }
+        Ok(Generator {
+            peers,
+            socks,
+            epoll,
+            gateway,
+            base: Instant::now(),
+        })
+    }
+
+    fn since(&self, now: Instant) -> Duration {
+        now.duration_since(self.base)
+    }
+
+    /// Waits up to `timeout_ms` for datagrams and hands each (peer, bytes) to `each`.
+    fn poll(
+        &mut self,
+        timeout_ms: i32,
+        batch: &mut RecvBatch,
+        each: &mut dyn FnMut(&mut Generator, usize, &[u8]),
+    ) -> Result<()> {
+        let mut events = [libc::epoll_event { events: 0, u64: 0 }; 256];
+        // SAFETY: events is a valid buffer of 256 entries for the call.
+        let n = unsafe {
+            libc::epoll_wait(
+                self.epoll.as_raw_fd(),
+                events.as_mut_ptr(),
+                events.len() as i32,
+                timeout_ms,
+            )
+        };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            return match e.kind() {
+                std::io::ErrorKind::Interrupted => Ok(()),
+                _ => Err(format!("epoll_wait: {e}").into()),
+            };
+        }
+        for ev in &events[..n as usize] {
+            let peer = ev.u64 as usize;
+            loop {
+                let got = match self.socks[peer].recv_batch(batch) {
+                    Ok(got) => got,
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                    Err(e) => return Err(format!("receive at peer {peer}: {e}").into()),
+                };
+                for k in 0..got {
+                    let Some(r) = batch.datagram(k) else { continue };
+                    let step = if r.segment > 0 {
+                        r.segment
+                    } else {
+                        r.data.len().max(1)
+                    };
+                    for d in r.data.chunks(step) {
+                        each(self, peer, d);
+                    }
+                }
+                if got < batch.capacity() {
+                    break;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn initiate(&mut self, i: usize) {
+        let now = Instant::now();
+        let wall = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap_or_default();
+        let since = self.since(now);
+        let msg = self.peers[i].initiation(now, since, wall);
+        // A full send buffer loses this initiation; the retry timer covers it.
+        let _ = self.socks[i].send_to(&msg, &self.gateway);
+    }
+
+    /// Every peer initiates, `rate` per second (None: all at once), until all have a
+    /// session or `limit` passes.
+    pub fn handshake(&mut self, rate: Option<f64>, limit: Duration) -> Result<HandshakeReport> {
+        let n = self.peers.len();
+        let start = Instant::now();
+        let mut next = 0;
+        let mut done: Vec<f64> = Vec::with_capacity(n);
+        let mut batch = RecvBatch::new(16, 2048);
+        let mut last_retry_scan = start;
+        while done.len() < n && start.elapsed() < limit {
+            // Initiations due by now under the pacing.
+            let due = match rate {
+                None => n,
+                Some(r) => ((start.elapsed().as_secs_f64() * r) as usize + 1).min(n),
+            };
+            while next < due {
+                self.initiate(next);
+                next += 1;
+            }
+            let now = Instant::now();
+            if now.duration_since(last_retry_scan) >= Duration::from_millis(100) {
+                last_retry_scan = now;
+                for i in 0..next {
+                    if self.peers[i].retry_due(now) {
+                        self.initiate(i);
+                    }
+                }
+            }
+            let wait = if next < n { 1 } else { 20 };
+            let mut cookies = Vec::new();
+            self.poll(wait, &mut batch, &mut |g, peer, msg| {
+                let now = Instant::now();
+                let since = g.since(now);
+                match g.peers[peer].hear(msg, now, since) {
+                    Heard::Established => done.push(now.duration_since(start).as_secs_f64()),
+                    Heard::Cookie => cookies.push(peer),
+                    _ => {}
+                }
+            })?;
+            // A cookie reply answers our last initiation: send it again, now with mac2.
+            for peer in cookies {
+                self.initiate(peer);
+            }
+        }
+        let at = |share: f64| -> Option<f64> {
+            let k = ((n as f64 * share).ceil() as usize).max(1);
+            done.get(k - 1).copied()
+        };
+        Ok(HandshakeReport {
+            peers: n,
+            established: done.len(),
+            to_half_s: at(0.5),
+            to_99_s: at(0.99),
+            to_all_s: (done.len() == n).then(|| done.last().copied()).flatten(),
+            initiations: self.peers.iter().map(|p| u64::from(p.initiations)).sum(),
+            cookie_replies: self.peers.iter().map(|p| u64::from(p.cookie_replies)).sum(),
+        })
+    }
+
+    /// Sends each established peer's first transport message, a keepalive (counter
+    /// 0): the gateway, as responder, may send on a session only once it has heard on
+    /// it.
+    pub fn keepalive(&mut self) -> Result<()> {
+        for (p, s) in self.peers.iter().zip(&self.socks) {
+            if p.keypair.is_some() {
+                let mut msg = vec![0u8; EmulatedPeer::sealed_len(0)];
+                p.seal(0, &mut msg);
+                s.send_to(&msg, &self.gateway)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Seals `per_peer` inner packets of `size` bytes for every peer (counters from 1),
+    /// scheduled for `total_pps` packets per second in all (None: unlimited), on all
+    /// of this machine's cores.
+    pub fn seal(&self, per_peer: usize, size: usize, total_pps: Option<f64>) -> Sealed {
+        let padded = inner::padded(size, MTU);
+        let outer_len = EmulatedPeer::sealed_len(padded);
+        let max_burst = (GSO_MAX_BYTES / outer_len).clamp(1, GSO_MAX_SEGMENTS);
+        let burst = max_burst.min(per_peer.max(1));
+        let per_peer = per_peer.max(1).div_ceil(burst) * burst;
+        let n = self.peers.len();
+        let burst_interval_ns = total_pps.map_or(0, |r| (burst as f64 * 1e9 / r) as u64);
+        let sched = |peer: usize, seq: usize| -> u64 {
+            // Burst j carries peer j % n's (j / n)-th run of `burst` packets.
+            let j = (seq / burst) * n + peer;
+            j as u64 * burst_interval_ns
+        };
+        let threads = std::thread::available_parallelism().map_or(1, |t| t.get());
+        let chunk = n.div_ceil(threads).max(1);
+        let mut per_peer_bufs: Vec<Vec<u8>> = Vec::with_capacity(n);
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = self
+                .peers
+                .chunks(chunk)
+                .enumerate()
+                .map(|(c, peers)| {
+                    scope.spawn(move || {
+                        peers
+                            .iter()
+                            .enumerate()
+                            .map(|(k, p)| {
+                                let peer = c * chunk + k;
+                                let mut buf = vec![0u8; per_peer * outer_len];
+                                for (seq, msg) in buf.chunks_exact_mut(outer_len).enumerate() {
+                                    let stamp = Stamp {
+                                        peer: peer as u32,
+                                        seq: seq as u64 + 1,
+                                        scheduled_ns: sched(peer, seq),
+                                    };
+                                    inner::write_packet(
+                                        &mut msg[TRANSPORT_HEADER_LEN..],
+                                        size,
+                                        inner::peer_inner(peer),
+                                        inner::GATEWAY_INNER,
+                                        stamp,
+                                    );
+                                    p.seal(seq as u64 + 1, msg);
+                                }
+                                buf
+                            })
+                            .collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            for h in handles {
+                per_peer_bufs.extend(h.join().expect("sealing thread panicked"));
+            }
+        });
+        Sealed {
+            per_peer: per_peer_bufs,
+            outer_len,
+            per_peer_count: per_peer,
+            burst,
+            burst_interval_ns,
+        }
+    }
+
+    /// Sends `sealed` from phase start `t0`, burst by burst on its schedule (or as fast
+    /// as the sockets take them), giving up at `limit` after `t0`.
+    pub fn send(&self, sealed: &Sealed, t0: Instant, limit: Duration) -> Result<SendReport> {
+        let cpu0 = thread_cpu_s();
+        let n = self.peers.len();
+        let mut report = SendReport::default();
+        let burst_bytes = sealed.burst * sealed.outer_len;
+        for j in 0..sealed.bursts() {
+            let (peer, run) = (j % n, j / n);
+            if sealed.burst_interval_ns > 0 {
+                let target = t0 + Duration::from_nanos(j as u64 * sealed.burst_interval_ns);
+                let now = Instant::now();
+                if target > now {
+                    std::thread::sleep(target - now);
+                }
+                let late = Instant::now().saturating_duration_since(target);
+                report.lateness.record(late.as_nanos() as u64);
+            }
+            if t0.elapsed() > limit {
+                break;
+            }
+            let bytes = &sealed.per_peer[peer][run * burst_bytes..(run + 1) * burst_bytes];
+            let sock = &self.socks[peer];
+            let segmented = sealed.burst > 1
+                && sock.gso_enabled()
+                && sock.send_segmented(&[bytes], sealed.outer_len as u16, &self.gateway, None)?;
+            if !segmented {
+                let msgs: Vec<(&[u8], SocketAddr)> = bytes
+                    .chunks_exact(sealed.outer_len)
+                    .map(|m| (m, self.gateway))
+                    .collect();
+                sock.send_batch(&msgs, None)?;
+            }
+            report.packets += sealed.burst as u64;
+        }
+        report.wall_s = t0.elapsed().as_secs_f64();
+        report.cpu_s = thread_cpu_s() - cpu0;
+        Ok(report)
+    }
+
+    /// Counts what the gateway sends each peer until `stop` says so and nothing came
+    /// for `quiet` (or `limit` passes), opening every `sample_every`-th message.
+    pub fn receive(
+        &mut self,
+        stop: &std::sync::atomic::AtomicBool,
+        quiet: Duration,
+        limit: Instant,
+        sample_every: u64,
+    ) -> Result<ReceiveReport> {
+        use std::sync::atomic::Ordering;
+        let cpu0 = thread_cpu_s();
+        let n = self.peers.len();
+        let mut r = ReceiveReport {
+            per_peer: vec![0; n],
+            ..ReceiveReport::default()
+        };
+        let mut trackers: Vec<SeqTracker> = (0..n).map(|_| SeqTracker::default()).collect();
+        let mut inner_seqs: Vec<SeqTracker> = (0..n).map(|_| SeqTracker::default()).collect();
+        let mut batch = RecvBatch::new(64, 65536);
+        let mut scratch = vec![0u8; 65536];
+        while Instant::now() < limit {
+            let idle = r.last.is_none_or(|l| l.elapsed() >= quiet);
+            if stop.load(Ordering::Acquire) && idle {
+                break;
+            }
+            self.poll(20, &mut batch, &mut |g, peer, msg| {
+                let now = Instant::now();
+                let since = g.since(now);
+                let Heard::Transport { counter } = g.peers[peer].hear(msg, now, since) else {
+                    return;
+                };
+                if msg.len() == EmulatedPeer::sealed_len(0) {
+                    return; // a keepalive carries no data
+                }
+                r.first.get_or_insert(now);
+                r.last = Some(now);
+                r.packets += 1;
+                r.per_peer[peer] += 1;
+                let t = &mut trackers[peer];
+                let (dups, reord) = (t.duplicates, t.reordered);
+                t.record(counter);
+                r.duplicates += t.duplicates - dups;
+                r.reordered += t.reordered - reord;
+                if (r.per_peer[peer] - 1).is_multiple_of(sample_every) {
+                    r.sampled += 1;
+                    let m = &mut scratch[..msg.len()];
+                    m.copy_from_slice(msg);
+                    match the_peers_packet(g, peer, counter, m) {
+                        Some(seq) => inner_seqs[peer].record(seq),
+                        None => r.sample_bad += 1,
+                    }
+                }
+            })?;
+        }
+        r.sample_unique = inner_seqs.iter().map(|t| t.unique).sum();
+        r.cpu_s = thread_cpu_s() - cpu0;
+        Ok(r)
+    }
+}
+
+/// Opens one message the gateway sent `peer`; the inner sequence number if it carries
+/// an intact packet to this peer's inner address, stamped for this peer.
+fn the_peers_packet(g: &Generator, peer: usize, counter: u64, msg: &mut [u8]) -> Option<u64> {
+    let len = g.peers[peer].open(counter, msg)?;
+    let ip = &msg[TRANSPORT_HEADER_LEN..TRANSPORT_HEADER_LEN + len];
+    if ip.len() < inner::IPV4_HEADER + inner::UDP_HEADER || ip[0] != 0x45 {
+        return None;
+    }
+    let total = usize::from(u16::from_be_bytes([ip[2], ip[3]])).min(ip.len());
+    let dst = std::net::Ipv4Addr::new(ip[16], ip[17], ip[18], ip[19]);
+    let stamp = inner::read_payload(ip.get(inner::IPV4_HEADER + inner::UDP_HEADER..total)?)?;
+    (dst == inner::peer_inner(peer) && stamp.peer as usize == peer).then_some(stamp.seq)
+}

@@ -1,0 +1,600 @@
+//! `star:N`: one gateway under test serving N peers that the lab emulates on `proto`
+//! (seed 000's many-client scenario, on a machine too small to run N real clients).
+//!
+//! Flow of one run: two namespaces joined by a veth (the gateway's, the generator's)
+//! → the gateway daemon starts and gets N peers by `wg setconf`, each with its own /32
+//! → every emulated peer completes a handshake (`generator::handshake`) → receive
+//! direction: the peers' traffic is sealed before the timed phase, then sent with UDP
+//! GSO while the sink checks every packet the gateway delivers; transmit direction: a
+//! sender beside the gateway sends to every peer's inner address while the generator
+//! counts what reaches each peer and opens a sample → the gateway's counters, CPU and
+//! memory over the phase, and where each lost packet was lost.
+
+pub mod emulated;
+pub mod generator;
+pub mod inner;
+pub mod report;
+pub mod sink;
+
+use crate::cpu;
+use crate::impls::{start, Impl};
+use crate::netns::{unique, Netns};
+use crate::Result;
+use emulated::EmulatedPeer;
+use generator::{Generator, HandshakeReport};
+use serde::{Deserialize, Serialize};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+const GATEWAY_OUTER: Ipv4Addr = Ipv4Addr::new(192, 168, 90, 1);
+const GENERATOR_OUTER: &str = "192.168.90.2/24";
+const GATEWAY_PORT: u16 = 51820;
+/// The peers' own outer addresses: routed to the generator, which takes the whole
+/// prefix as local (an AnyIP route) so each peer's socket can bind its own.
+const PEER_SOURCES: &str = "172.16.0.0/16";
+
+/// Peer `i`'s outer address when each has its own.
+fn peer_source(i: usize) -> Ipv4Addr {
+    Ipv4Addr::from(u32::from(Ipv4Addr::new(172, 16, 0, 0)) + i as u32 + 1)
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Way {
+    /// Peers → gateway: the gateway decrypts.
+    Rx,
+    /// Gateway → peers: the gateway encrypts.
+    Tx,
+}
+
+impl std::str::FromStr for Way {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "rx" => Ok(Way::Rx),
+            "tx" => Ok(Way::Tx),
+            _ => Err(format!("direction '{s}': rx (peers → gateway) or tx")),
+        }
+    }
+}
+
+impl std::fmt::Display for Way {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Way::Rx => "rx",
+            Way::Tx => "tx",
+        })
+    }
+}
+
+/// One star run's shape.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct StarSpec {
+    pub peers: usize,
+    pub way: Way,
+    /// Inner packet size, bytes (IPv4 header included).
+    pub size: usize,
+    /// Offered load in packets per second over all peers; None: unlimited.
+    pub offered_pps: Option<f64>,
+    /// Length of the timed phase (paced runs; unlimited receive runs send what the cap
+    /// on sealed packets holds).
+    pub seconds: f64,
+    /// Initiations per second during the handshake phase; None: all at once (a storm).
+    pub handshake_rate: Option<f64>,
+    /// Cap on the sealed traffic held in memory, MiB.
+    pub sealed_max_mib: usize,
+    /// All peers behind one outer address (a NAT), instead of one address each.
+    #[serde(default)]
+    pub shared_source: bool,
+    /// Transmit: the generator opens every this-many-th message each peer receives
+    /// (1: all of them, and then checks every sequence number).
+    #[serde(default = "default_sample_every")]
+    pub sample_every: u64,
+}
+
+fn default_sample_every() -> u64 {
+    64
+}
+
+impl StarSpec {
+    pub fn validate(&self) -> Result<()> {
+        if !(1..=generator::MAX_PEERS).contains(&self.peers) {
+            return Err(format!("star: peers must be 1..={}", generator::MAX_PEERS).into());
+        }
+        let min = inner::IPV4_HEADER + inner::UDP_HEADER + inner::MIN_PAYLOAD;
+        if !(min..=generator::MTU).contains(&self.size) {
+            return Err(format!("star: size must be {min}..={}", generator::MTU).into());
+        }
+        if !(0.1..=600.0).contains(&self.seconds) {
+            return Err("star: seconds must be 0.1..=600".into());
+        }
+        if self
+            .offered_pps
+            .is_some_and(|r| !(r.is_finite() && r >= 1.0))
+        {
+            return Err("star: the offered rate must be at least 1 packet per second".into());
+        }
+        if self.sample_every == 0 {
+            return Err("star: sample_every must be at least 1".into());
+        }
+        Ok(())
+    }
+
+    /// Packets each peer sends in a receive run, within the cap on sealed memory.
+    fn per_peer(&self) -> Result<usize> {
+        let outer = EmulatedPeer::sealed_len(inner::padded(self.size, generator::MTU));
+        let cap = self.sealed_max_mib << 20;
+        match self.offered_pps {
+            Some(r) => {
+                let per_peer = (r * self.seconds / self.peers as f64).ceil() as usize;
+                let need = per_peer.max(1) * self.peers * outer;
+                if need > cap {
+                    return Err(format!(
+                        "star: this run needs {} MiB of sealed packets ({} peers × {per_peer} \
+                         packets × {outer} bytes), more than the cap of {} MiB: shorten it, \
+                         lower the rate, or raise --sealed-max-mib",
+                        need >> 20,
+                        self.peers,
+                        self.sealed_max_mib
+                    )
+                    .into());
+                }
+                Ok(per_peer.max(1))
+            }
+            None => {
+                let per_peer = cap / (self.peers * outer);
+                if per_peer == 0 {
+                    return Err(format!(
+                        "star: {} MiB of sealed packets cannot hold one packet per peer for {} \
+                         peers; raise --sealed-max-mib",
+                        self.sealed_max_mib, self.peers
+                    )
+                    .into());
+                }
+                Ok(per_peer)
+            }
+        }
+    }
+}
+
+/// Everything one star run measured.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct StarRecord {
+    pub implementation: String,
+    pub spec: Option<StarSpec>,
+    pub repeat: usize,
+    pub error: Option<String>,
+    pub handshake: HandshakeReport,
+    /// Timed phase: from the first send until the last delivery, s.
+    pub seconds: f64,
+    pub sent: u64,
+    /// Packets delivered once, intact: at the sink (rx) or at the peers (tx).
+    pub delivered: u64,
+    pub goodput_bps: f64,
+    /// Where the rest went (rx): never sent (the generator ran out of time), dropped at
+    /// the gateway's UDP socket, lost inside the gateway, lost between its TUN write
+    /// and the sink, or dropped at the sink's socket. Tx: lost at the gateway's TUN
+    /// queue, lost inside it.
+    pub unsent: u64,
+    pub gateway_socket_drops: u64,
+    pub lost_in_gateway: u64,
+    pub lost_after_gateway: u64,
+    pub sink_socket_drops: u64,
+    pub reordered: u64,
+    pub duplicates: u64,
+    pub corrupted: u64,
+    pub misdelivered: u64,
+    /// Transmit: messages opened, and those that did not hold their peer's packet.
+    pub sampled: u64,
+    pub sample_bad: u64,
+    /// Distinct (peer, sequence number) pairs among the good samples.
+    #[serde(default)]
+    pub sample_unique: u64,
+    /// One-way delay quantiles from the scheduled send time, µs (paced receive runs).
+    pub delay_p50_us: Option<f64>,
+    pub delay_p99_us: Option<f64>,
+    pub delay_p999_us: Option<f64>,
+    /// How late the generator sent, p99 µs (paced), and its CPU over the phase, cores.
+    pub generator_late_p99_us: Option<f64>,
+    pub generator_cores: f64,
+    pub daemon_cpu_s: f64,
+    pub cpu_s_per_gb: Option<f64>,
+    /// The AEAD's open-only cost on one core, s per GB, measured in the same run.
+    pub aead_floor_s_per_gb: f64,
+    /// Busiest core's busy share minus the idlest one's.
+    pub core_spread: Option<f64>,
+    pub core_busy: Vec<f64>,
+    pub peak_rss_kib: Option<u64>,
+}
+
+/// The gateway namespace's counters that place losses.
+#[derive(Debug, Clone, Copy, Default)]
+struct GatewayCounters {
+    veth_rx: u64,
+    tun_rx: u64,
+    tun_tx: u64,
+    tun_tx_dropped: u64,
+    listen_drops: u64,
+}
+
+impl GatewayCounters {
+    fn read(ns: &Netns, veth: &str, tun: &str) -> Result<GatewayCounters> {
+        let stat = |dev: &str, name: &str| format!("/sys/class/net/{dev}/statistics/{name}");
+        let out = ns.run(&format!(
+            "cat {} {} {} {}; cat /proc/net/udp /proc/net/udp6",
+            stat(veth, "rx_packets"),
+            stat(tun, "rx_packets"),
+            stat(tun, "tx_packets"),
+            stat(tun, "tx_dropped"),
+        ))?;
+        let mut lines = out.lines();
+        let mut next = || -> Result<u64> {
+            Ok(lines
+                .next()
+                .and_then(|l| l.trim().parse().ok())
+                .ok_or("unreadable interface statistics")?)
+        };
+        let (veth_rx, tun_rx, tun_tx, tun_tx_dropped) = (next()?, next()?, next()?, next()?);
+        let port = format!(":{GATEWAY_PORT:04X}");
+        let listen_drops = out
+            .lines()
+            .filter_map(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                (f.len() > 12 && f[1].ends_with(&port)).then(|| f.last()?.parse::<u64>().ok())?
+            })
+            .sum();
+        Ok(GatewayCounters {
+            veth_rx,
+            tun_rx,
+            tun_tx,
+            tun_tx_dropped,
+            listen_drops,
+        })
+    }
+
+    fn since(&self, b: &GatewayCounters) -> GatewayCounters {
+        GatewayCounters {
+            veth_rx: self.veth_rx.saturating_sub(b.veth_rx),
+            tun_rx: self.tun_rx.saturating_sub(b.tun_rx),
+            tun_tx: self.tun_tx.saturating_sub(b.tun_tx),
+            tun_tx_dropped: self.tun_tx_dropped.saturating_sub(b.tun_tx_dropped),
+            listen_drops: self.listen_drops.saturating_sub(b.listen_drops),
+        }
+    }
+}
+
+/// The AEAD's open-only cost on this thread, seconds per GB of `size`-byte packets:
+/// the floor under any implementation's receive cost per byte.
+pub fn aead_floor(size: usize) -> f64 {
+    use wirelane_proto::handshake::SessionKeys;
+    use wirelane_proto::Keypair;
+    let keys = |send, recv| SessionKeys {
+        send,
+        recv,
+        local_index: 1,
+        remote_index: 2,
+        is_initiator: true,
+    };
+    let sealer = Keypair::new(&keys([7; 32], [9; 32]), Duration::ZERO);
+    let opener = Keypair::new(&keys([9; 32], [7; 32]), Duration::ZERO);
+    let len = EmulatedPeer::sealed_len(inner::padded(size, generator::MTU));
+    const MESSAGES: usize = 256;
+    let mut sealed = vec![0u8; MESSAGES * len];
+    for (c, m) in sealed.chunks_exact_mut(len).enumerate() {
+        sealer.seal(c as u64, m);
+    }
+    let mut work = vec![0u8; len];
+    let rounds = (512 << 20) / (MESSAGES * size);
+    let cpu0 = generator::thread_cpu_s();
+    for _ in 0..rounds {
+        for (c, m) in sealed.chunks_exact(len).enumerate() {
+            work.copy_from_slice(m);
+            let ok = opener.open(c as u64, &mut work).is_ok();
+            std::hint::black_box(ok);
+        }
+    }
+    let cpu = generator::thread_cpu_s() - cpu0;
+    cpu / ((rounds * MESSAGES * size) as f64 / 1e9)
+}
+
+/// One run of `spec` against `which`. Failures land in the record's `error`.
+pub fn run_one(which: Impl, spec: &StarSpec, repeat: usize, floor: f64) -> StarRecord {
+    let mut rec = StarRecord {
+        implementation: which.name(),
+        spec: Some(spec.clone()),
+        repeat,
+        aead_floor_s_per_gb: floor,
+        ..StarRecord::default()
+    };
+    if let Err(e) = measure(which, spec, &mut rec) {
+        rec.error = Some(e.to_string());
+    }
+    rec
+}
+
+fn measure(which: Impl, spec: &StarSpec, rec: &mut StarRecord) -> Result<()> {
+    spec.validate()?;
+    which.available()?;
+    let per_peer = if spec.way == Way::Rx {
+        spec.per_peer()?
+    } else {
+        0
+    };
+    let gw = Netns::new("lsg")?;
+    let gen = Netns::new("lsp")?;
+    let (gv, pv) = (unique("lsv"), unique("lsv"));
+    crate::netns::sh(&format!(
+        "ip link add {gv} netns {} type veth peer name {pv} netns {}",
+        gw.name, gen.name
+    ))?;
+    // No IPv6 on the veth: its neighbour discovery would blur the packet counts that
+    // place losses.
+    gw.run(&format!(
+        "sysctl -qw net.ipv6.conf.{gv}.disable_ipv6=1 \
+         && ip addr add {GATEWAY_OUTER}/24 dev {gv} && ip link set {gv} up"
+    ))?;
+    gen.run(&format!(
+        "sysctl -qw net.ipv6.conf.{pv}.disable_ipv6=1 \
+         && ip addr add {GENERATOR_OUTER} dev {pv} && ip link set {pv} up \
+         && ip route add local {PEER_SOURCES} dev lo"
+    ))?;
+    gw.run(&format!(
+        "ip route add {PEER_SOURCES} via {}",
+        GENERATOR_OUTER.split('/').next().unwrap_or_default()
+    ))?;
+
+    let daemon = start(which, &gw)?;
+    let tun = daemon.ifname.clone();
+    let mut private = [0u8; 32];
+    rand_core::RngCore::fill_bytes(&mut rand_core::OsRng, &mut private);
+    let gateway_key = wirelane_proto::LocalIdentity::new(private);
+    let peers: Vec<EmulatedPeer> = (0..spec.peers)
+        .map(|i| EmulatedPeer::new(i, &gateway_key.public))
+        .collect();
+    configure_gateway(&gw, &tun, &private, &peers)?;
+
+    // The sink (receive) listens before any traffic.
+    let t0: Arc<OnceLock<Instant>> = Arc::default();
+    let stop = Arc::new(AtomicBool::new(false));
+    let limit = Duration::from_secs_f64(spec.seconds) + Duration::from_secs(30);
+    let sink = (spec.way == Way::Rx).then(|| {
+        let (ready_tx, ready_rx) = mpsc::channel();
+        let (t0, stop, n, paced) = (
+            t0.clone(),
+            stop.clone(),
+            spec.peers,
+            spec.offered_pps.is_some(),
+        );
+        let h = crate::workload::in_ns(&gw.name, move || {
+            sink::sink(
+                n,
+                paced,
+                t0,
+                stop,
+                Duration::from_millis(300),
+                limit,
+                ready_tx,
+            )
+        });
+        (h, ready_rx)
+    });
+    if let Some((_, ready)) = &sink {
+        ready
+            .recv_timeout(Duration::from_secs(10))
+            .map_err(|_| "the sink did not start")?;
+    }
+
+    // The generator: handshakes and sealing in its namespace, then a go.
+    let (ready_tx, ready_rx) = mpsc::channel::<HandshakeReport>();
+    let (go_tx, go_rx) = mpsc::channel::<Instant>();
+    let gen_spec = spec.clone();
+    let gen_stop = stop.clone();
+    let generator = crate::workload::in_ns(&gen.name, move || -> Result<GeneratorOutcome> {
+        let gateway = SocketAddr::new(IpAddr::V4(GATEWAY_OUTER), GATEWAY_PORT);
+        let source = (!gen_spec.shared_source).then_some(peer_source as fn(usize) -> Ipv4Addr);
+        let mut g = Generator::new(peers, gateway, source)?;
+        let limit =
+            Duration::from_secs(30) + Duration::from_secs_f64(gen_spec.peers as f64 / 500.0);
+        let hs = g.handshake(gen_spec.handshake_rate, limit)?;
+        g.keepalive()?;
+        let sealed = (gen_spec.way == Way::Rx)
+            .then(|| g.seal(per_peer, gen_spec.size, gen_spec.offered_pps));
+        let _ = ready_tx.send(hs);
+        let t0 = go_rx.recv().map_err(|_| "no go for the timed phase")?;
+        match sealed {
+            Some(s) => {
+                let send_limit =
+                    Duration::from_secs_f64(gen_spec.seconds) * 2 + Duration::from_secs(5);
+                let r = g.send(&s, t0, send_limit)?;
+                Ok(GeneratorOutcome::Sent(
+                    r,
+                    s.per_peer_count as u64 * gen_spec.peers as u64,
+                ))
+            }
+            None => {
+                let limit = Instant::now()
+                    + Duration::from_secs_f64(gen_spec.seconds)
+                    + Duration::from_secs(30);
+                let r = g.receive(
+                    &gen_stop,
+                    Duration::from_millis(300),
+                    limit,
+                    gen_spec.sample_every,
+                )?;
+                Ok(GeneratorOutcome::Received(r))
+            }
+        }
+    });
+    let hs = match ready_rx.recv_timeout(limit + Duration::from_secs(60)) {
+        Ok(hs) => hs,
+        Err(_) => {
+            stop.store(true, Ordering::Release);
+            return Err(match crate::workload::join(generator) {
+                Err(e) => e,
+                Ok(_) => "the generator stopped before the timed phase".into(),
+            });
+        }
+    };
+    rec.handshake = hs.clone();
+    if hs.established < spec.peers {
+        stop.store(true, Ordering::Release);
+        let _ = go_tx.send(Instant::now());
+        let _ = crate::workload::join(generator);
+        return Err(format!(
+            "only {} of {} peers completed a handshake",
+            hs.established, spec.peers
+        )
+        .into());
+    }
+    // Let the keepalives land, so the gateway may send on every session.
+    std::thread::sleep(Duration::from_millis(300));
+
+    let pid = daemon.pid;
+    let threads_before = pid.map(cpu::read_threads);
+    let cores_before = cpu::read_cores();
+    let counters_before = GatewayCounters::read(&gw, &gv, &tun)?;
+    let start = Instant::now() + Duration::from_millis(20);
+    let _ = t0.set(start);
+    let _ = go_tx.send(start);
+
+    let mut inner_sent = None;
+    if spec.way == Way::Tx {
+        let (n, size, secs, pps) = (spec.peers, spec.size, spec.seconds, spec.offered_pps);
+        let h = crate::workload::in_ns(&gw.name, move || {
+            std::thread::sleep(start.saturating_duration_since(Instant::now()));
+            sink::send_inner(n, size, pps, Duration::from_secs_f64(secs))
+        });
+        inner_sent = Some(crate::workload::join(h)?);
+        stop.store(true, Ordering::Release);
+    }
+    let outcome = crate::workload::join(generator)?;
+    stop.store(true, Ordering::Release);
+    let sunk = match sink {
+        Some((h, _)) => Some(crate::workload::join(h)?),
+        None => None,
+    };
+    let counters = GatewayCounters::read(&gw, &gv, &tun)?.since(&counters_before);
+    let cores_after = cpu::read_cores();
+    if let (Some(pid), Some(before)) = (pid, &threads_before) {
+        let after = cpu::read_threads(pid);
+        rec.daemon_cpu_s = cpu::thread_deltas(&which.name(), before, &after)
+            .iter()
+            .map(|t| t.cpu_s)
+            .sum();
+        rec.peak_rss_kib = cpu::peak_rss_kib(pid);
+    }
+    let splits = cpu::core_splits(&cores_before, &cores_after);
+    rec.core_busy = splits
+        .iter()
+        .map(|c| {
+            let total = c.user + c.sys + c.softirq + c.irq + c.idle;
+            if total > 0.0 {
+                1.0 - c.idle / total
+            } else {
+                0.0
+            }
+        })
+        .collect();
+    rec.core_spread = crate::record::CpuReport {
+        cores: splits,
+        ..Default::default()
+    }
+    .core_spread();
+
+    match (outcome, sunk, inner_sent) {
+        (GeneratorOutcome::Sent(sent, sealed), Some(s), _) => {
+            let end = s.last.unwrap_or(start);
+            rec.seconds = end.saturating_duration_since(start).as_secs_f64();
+            rec.sent = sent.packets;
+            rec.unsent = sealed.saturating_sub(sent.packets);
+            rec.delivered = s.unique;
+            rec.gateway_socket_drops = counters.listen_drops;
+            rec.lost_in_gateway = counters
+                .veth_rx
+                .saturating_sub(counters.listen_drops)
+                .saturating_sub(counters.tun_rx);
+            rec.sink_socket_drops = s.socket_drops;
+            rec.lost_after_gateway = counters
+                .tun_rx
+                .saturating_sub(s.received)
+                .saturating_sub(s.socket_drops);
+            rec.reordered = s.reordered;
+            rec.duplicates = s.duplicates;
+            rec.corrupted = s.corrupted;
+            rec.misdelivered = s.misdelivered;
+            if s.delay.count() > 0 {
+                let q = |p: f64| Some(s.delay.quantile(p) as f64 / 1e3);
+                rec.delay_p50_us = q(0.5);
+                rec.delay_p99_us = q(0.99);
+                rec.delay_p999_us = q(0.999);
+            }
+            if sent.lateness.count() > 0 {
+                rec.generator_late_p99_us = Some(sent.lateness.quantile(0.99) as f64 / 1e3);
+            }
+            rec.generator_cores = sent.cpu_s / sent.wall_s.max(1e-9);
+        }
+        (GeneratorOutcome::Received(r), None, Some(inner)) => {
+            let end = r.last.unwrap_or(start);
+            rec.seconds = end.saturating_duration_since(start).as_secs_f64();
+            rec.sent = inner.packets;
+            rec.delivered = r.packets;
+            rec.lost_in_gateway = counters.tun_tx.saturating_sub(r.packets);
+            rec.gateway_socket_drops = counters.tun_tx_dropped;
+            rec.duplicates = r.duplicates;
+            rec.reordered = r.reordered;
+            rec.sampled = r.sampled;
+            rec.sample_bad = r.sample_bad;
+            rec.sample_unique = r.sample_unique;
+            rec.generator_cores = r.cpu_s / rec.seconds.max(1e-9);
+        }
+        _ => return Err("star: the phase's parts disagree on its direction".into()),
+    }
+    let bytes = rec.delivered as f64 * spec.size as f64;
+    rec.goodput_bps = bytes * 8.0 / rec.seconds.max(1e-9);
+    if bytes > 0.0 && rec.daemon_cpu_s > 0.0 {
+        rec.cpu_s_per_gb = Some(rec.daemon_cpu_s / (bytes / 1e9));
+    }
+    drop(daemon);
+    Ok(())
+}
+
+enum GeneratorOutcome {
+    /// What was sent, and how many packets were sealed.
+    Sent(generator::SendReport, u64),
+    Received(generator::ReceiveReport),
+}
+
+/// Gives the gateway its key, the N peers (each its inner /32) by `wg setconf`, its
+/// inner address and a route to the peers' prefix.
+fn configure_gateway(
+    ns: &Netns,
+    tun: &str,
+    private: &[u8; 32],
+    peers: &[EmulatedPeer],
+) -> Result<()> {
+    let mut conf = format!(
+        "[Interface]\nPrivateKey = {}\nListenPort = {GATEWAY_PORT}\n",
+        wirelane_proto::base64_key(private)
+    );
+    for (i, p) in peers.iter().enumerate() {
+        conf.push_str(&format!(
+            "\n[Peer]\nPublicKey = {}\nAllowedIPs = {}/32\n",
+            wirelane_proto::base64_key(&p.public()),
+            inner::peer_inner(i)
+        ));
+    }
+    let path = std::env::temp_dir().join(format!("{tun}-star.conf"));
+    std::fs::write(&path, conf)?;
+    let r = ns.run(&format!(
+        "wg setconf {tun} {path} && ip addr add {gw}/32 dev {tun} && ip link set {tun} up \
+         && ip route add {prefix} dev {tun}",
+        path = path.display(),
+        gw = inner::GATEWAY_INNER,
+        prefix = inner::PEERS_PREFIX,
+    ));
+    let _ = std::fs::remove_file(&path);
+    r?;
+    Ok(())
+}

@@ -1,0 +1,270 @@
+//! The star sweep: every (direction, N) cell against every implementation, repeats
+//! interleaved (implementations alternate within a repeat, and the order rotates), one
+//! JSON line per run, and a Markdown table of the medians: goodput against N (seed
+//! 000's Fig. 8), cost per byte against the AEAD floor, loss and where it happened,
+//! delay, memory and handshake time.
+
+use super::{aead_floor, run_one, StarRecord, StarSpec, Way};
+use crate::impls::Impl;
+use crate::stats::median;
+use crate::summary::markdown_table;
+use crate::Result;
+use std::io::Write;
+use std::path::Path;
+
+/// Runs the sweep, appending each record to `out` as it completes (and telling
+/// `progress`), and returns all records.
+pub fn sweep(
+    impls: &[Impl],
+    cells: &[StarSpec],
+    repeats: usize,
+    out: &Path,
+    progress: &mut dyn FnMut(&StarRecord),
+) -> Result<Vec<StarRecord>> {
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(out)?;
+    let mut all = Vec::new();
+    for repeat in 0..repeats {
+        for spec in cells {
+            // The AEAD floor, measured beside each cell's runs.
+            let floor = aead_floor(spec.size);
+            for k in 0..impls.len() {
+                let which = impls[(k + repeat) % impls.len()];
+                let rec = run_one(which, spec, repeat, floor);
+                writeln!(file, "{}", serde_json::to_string(&rec)?)?;
+                progress(&rec);
+                all.push(rec);
+            }
+        }
+    }
+    Ok(all)
+}
+
+/// Reads records written by [`sweep`].
+pub fn load(path: &Path) -> Result<Vec<StarRecord>> {
+    std::fs::read_to_string(path)?
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| Ok(serde_json::from_str(l)?))
+        .collect()
+}
+
+fn fmt(v: Option<f64>, digits: usize) -> String {
+    v.map_or("–".into(), |v| format!("{v:.digits$}"))
+}
+
+/// Medians per (direction, N, implementation), in the order the records first appear.
+pub fn table(records: &[StarRecord], cpu: &str) -> String {
+    let mut keys: Vec<(Way, usize, String)> = Vec::new();
+    for r in records {
+        let Some(s) = &r.spec else { continue };
+        let k = (s.way, s.peers, r.implementation.clone());
+        if !keys.contains(&k) {
+            keys.push(k);
+        }
+    }
+    keys.sort_by_key(|(w, n, _)| (*w as u8, *n));
+    let mut rows = Vec::new();
+    for (way, n, name) in &keys {
+        let runs: Vec<&StarRecord> = records
+            .iter()
+            .filter(|r| {
+                r.implementation == *name
+                    && r.error.is_none()
+                    && r.spec
+                        .as_ref()
+                        .is_some_and(|s| s.way == *way && s.peers == *n)
+            })
+            .collect();
+        let failed = records
+            .iter()
+            .filter(|r| {
+                r.implementation == *name
+                    && r.error.is_some()
+                    && r.spec
+                        .as_ref()
+                        .is_some_and(|s| s.way == *way && s.peers == *n)
+            })
+            .count();
+        let m = |f: &dyn Fn(&StarRecord) -> Option<f64>| {
+            median(&runs.iter().filter_map(|r| f(r)).collect::<Vec<_>>())
+        };
+        let floor = m(&|r| Some(r.aead_floor_s_per_gb));
+        let per_gb = m(&|r| r.cpu_s_per_gb);
+        let lost = m(&|r| {
+            let sent = r.sent + r.unsent;
+            (sent > 0).then(|| 100.0 * sent.saturating_sub(r.delivered) as f64 / sent as f64)
+        });
+        let wrong: u64 = runs
+            .iter()
+            .map(|r| r.reordered + r.duplicates + r.corrupted + r.misdelivered + r.sample_bad)
+            .sum();
+        rows.push([
+            way.to_string(),
+            n.to_string(),
+            name.clone(),
+            format!(
+                "{}{}",
+                runs.len(),
+                if failed > 0 {
+                    format!(" ({failed} failed)")
+                } else {
+                    String::new()
+                }
+            ),
+            fmt(m(&|r| Some(r.goodput_bps / 1e9)), 2),
+            fmt(per_gb, 2),
+            fmt(per_gb.zip(floor).map(|(c, f)| c / f), 2),
+            fmt(lost, 2),
+            wrong.to_string(),
+            fmt(m(&|r| r.delay_p99_us.map(|d| d / 1e3)), 2),
+            fmt(m(&|r| r.peak_rss_kib.map(|k| k as f64 / 1024.0)), 0),
+            fmt(m(&|r| r.handshake.to_all_s), 2),
+            fmt(m(&|r| Some(r.generator_cores)), 2),
+            fmt(m(&|r| r.core_spread), 2),
+        ]);
+    }
+    markdown_table(
+        &format!(
+            "Star: one gateway, N emulated peers. Medians of the repeats; CPU: {cpu}. \
+             \"wrong\" sums reordered, duplicated, corrupted and misdelivered packets and \
+             bad samples over all runs."
+        ),
+        &[
+            "dir",
+            "N",
+            "implementation",
+            "runs",
+            "goodput Gbit/s",
+            "daemon CPU-s/GB",
+            "× AEAD floor",
+            "lost %",
+            "wrong",
+            "delay p99 ms",
+            "peak RSS MiB",
+            "all handshakes s",
+            "generator cores",
+            "core spread",
+        ],
+        &rows,
+    )
+}
+
+/// `wirelane-lab star`: the sweep from the command line.
+#[derive(clap::Args, Debug)]
+pub struct StarArgs {
+    /// Peer counts to sweep (comma-separated), each 1..=40000.
+    #[arg(long, value_delimiter = ',', default_value = "1,10,100,1000")]
+    pub peers: Vec<usize>,
+    /// Directions (comma-separated): rx (peers → gateway, the gateway decrypts) and tx.
+    #[arg(long, value_delimiter = ',', default_value = "rx")]
+    pub direction: Vec<Way>,
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "wirelane,wireguard-go,boringtun"
+    )]
+    pub implementations: Vec<String>,
+    #[arg(long, default_value_t = 5)]
+    pub repeats: usize,
+    /// Length of each paced or transmit phase, seconds.
+    #[arg(long, default_value_t = 5.0)]
+    pub seconds: f64,
+    /// Inner packet size, bytes.
+    #[arg(long, default_value_t = 1420)]
+    pub size: usize,
+    /// Offered load per peer, Mbit/s of inner packets (seed 000 used 25); the total
+    /// grows with N. Without it (or --offered-gbit) the generator sends unlimited.
+    #[arg(long, conflicts_with = "offered_gbit")]
+    pub per_peer_mbit: Option<f64>,
+    /// Offered load over all peers, Gbit/s of inner packets, whatever N.
+    #[arg(long)]
+    pub offered_gbit: Option<f64>,
+    /// Handshake initiations per second before the phase (0: all at once, a storm).
+    #[arg(long, default_value_t = 2000.0)]
+    pub handshake_rate: f64,
+    /// Cap on the sealed traffic held in memory, MiB.
+    #[arg(long, default_value_t = 2048)]
+    pub sealed_max_mib: usize,
+    /// All peers behind one outer address (as behind a NAT) instead of one each: the
+    /// gateway's per-source handshake rate limit then applies to them together.
+    #[arg(long)]
+    pub shared_source: bool,
+    /// Output directory (default: lab-results/star-<timestamp>).
+    #[arg(long)]
+    pub out: Option<std::path::PathBuf>,
+}
+
+/// Runs `wirelane-lab star`: writes OUT/star.jsonl and OUT/star.md, prints the table.
+pub fn run_cli(a: &StarArgs) -> Result<()> {
+    if !(1..=100).contains(&a.repeats) {
+        return Err("--repeats must be 1..=100".into());
+    }
+    let impls: Vec<Impl> = a
+        .implementations
+        .iter()
+        .map(|s| s.parse())
+        .collect::<std::result::Result<_, _>>()?;
+    let mut cells = Vec::new();
+    for &way in &a.direction {
+        for &peers in &a.peers {
+            let offered_pps = match (way, a.per_peer_mbit, a.offered_gbit) {
+                (_, Some(m), _) => Some(m * 1e6 * peers as f64 / (8.0 * a.size as f64)),
+                (_, _, Some(g)) => Some(g * 1e9 / (8.0 * a.size as f64)),
+                _ => None,
+            };
+            let spec = StarSpec {
+                peers,
+                way,
+                size: a.size,
+                offered_pps,
+                seconds: a.seconds,
+                handshake_rate: (a.handshake_rate > 0.0).then_some(a.handshake_rate),
+                sealed_max_mib: a.sealed_max_mib,
+                shared_source: a.shared_source,
+                sample_every: 64,
+            };
+            spec.validate()?;
+            spec.per_peer()?;
+            cells.push(spec);
+        }
+    }
+    let dir = a.out.clone().unwrap_or_else(|| {
+        Path::new("lab-results").join(format!("star-{}", crate::record::now_rfc3339()))
+    });
+    std::fs::create_dir_all(&dir)?;
+    let env = crate::record::collect_env(&impls);
+    let total = cells.len() * impls.len() * a.repeats;
+    let mut done = 0;
+    let records = sweep(
+        &impls,
+        &cells,
+        a.repeats,
+        &dir.join("star.jsonl"),
+        &mut |r| {
+            done += 1;
+            let s = r.spec.as_ref().expect("sweep records carry their spec");
+            let what = match &r.error {
+                Some(e) => format!("error: {e}"),
+                None => format!(
+                    "{:.2} Gbit/s, {} of {} delivered, handshakes {:.2} s",
+                    r.goodput_bps / 1e9,
+                    r.delivered,
+                    r.sent + r.unsent,
+                    r.handshake.to_all_s.unwrap_or(f64::NAN)
+                ),
+            };
+            eprintln!(
+                "[{done}/{total}] {} N={} {}: {what}",
+                s.way, s.peers, r.implementation
+            );
+        },
+    )?;
+    let md = table(&records, &env.cpu_model);
+    std::fs::write(dir.join("star.md"), &md)?;
+    println!("{md}");
+    println!("results: {}", dir.display());
+    Ok(())
+}
