@@ -91,6 +91,35 @@ pub enum WorkloadSpec {
         #[serde(default)]
         impairment: Option<Impairment>,
     },
+    /// star:N (`crate::star`): one gateway, N emulated peers, for each N, direction
+    /// and offered load (Gbit/s of inner packets over all peers; absent: unlimited).
+    Star {
+        peers: Vec<usize>,
+        #[serde(default = "rx_only")]
+        direction: Vec<crate::star::Way>,
+        #[serde(default = "unlimited")]
+        offered_gbit: Vec<Option<f64>>,
+        #[serde(default = "full_mtu")]
+        size: usize,
+        /// Initiations per second before the timed phase (0: all at once).
+        #[serde(default = "paced_handshakes")]
+        handshake_rate: f64,
+        #[serde(default)]
+        shared_source: bool,
+    },
+}
+
+fn rx_only() -> Vec<crate::star::Way> {
+    vec![crate::star::Way::Rx]
+}
+fn unlimited() -> Vec<Option<f64>> {
+    vec![None]
+}
+fn full_mtu() -> usize {
+    1420
+}
+fn paced_handshakes() -> f64 {
+    2000.0
 }
 
 fn no_ecn() -> Vec<bool> {
@@ -147,20 +176,56 @@ pub enum Cell {
         ecn: bool,
         impairment: Impairment,
     },
+    Star {
+        peers: usize,
+        way: crate::star::Way,
+        offered_gbit: Option<f64>,
+        size: usize,
+        handshake_rate: f64,
+        shared_source: bool,
+    },
 }
 
 impl Cell {
+    /// The star run this cell asks for, with phases of `seconds`.
+    pub fn star_spec(&self, seconds: f64) -> Option<crate::star::StarSpec> {
+        let Cell::Star {
+            peers,
+            way,
+            offered_gbit,
+            size,
+            handshake_rate,
+            shared_source,
+        } = *self
+        else {
+            return None;
+        };
+        Some(crate::star::StarSpec {
+            peers,
+            way,
+            size,
+            offered_pps: offered_gbit.map(|g| g * 1e9 / (8.0 * size as f64)),
+            seconds,
+            handshake_rate: (handshake_rate > 0.0).then_some(handshake_rate),
+            sealed_max_mib: crate::star::DEFAULT_SEALED_MAX_MIB,
+            shared_source,
+            sample_every: 64,
+        })
+    }
+
     pub fn impairment(&self) -> Impairment {
         match self {
             Cell::Tcp { impairment, .. }
             | Cell::Udp { impairment, .. }
             | Cell::Rr { impairment, .. } => *impairment,
+            Cell::Star { .. } => Impairment::default(),
         }
     }
 
     pub fn topology(&self) -> Topology {
         match self {
             Cell::Tcp { tunnels, .. } if *tunnels > 1 => Topology::Multi(*tunnels as u16),
+            Cell::Star { peers, .. } => Topology::Star(*peers as u32),
             _ if self.impairment().is_none() => Topology::Pair,
             _ => Topology::PairRouter,
         }
@@ -248,6 +313,27 @@ impl Cell {
                 let ecn = if *ecn { " ecn" } else { "" };
                 let proto = if *proto == Proto::Tcp { "tcp" } else { "udp" };
                 format!("rr {proto} {load}{ecn}{imp}")
+            }
+            Cell::Star {
+                peers,
+                way,
+                offered_gbit,
+                size,
+                handshake_rate,
+                shared_source,
+            } => {
+                let load = offered_gbit.map_or("unlimited".into(), |g| format!("{g}Gbit/s"));
+                let mut id = format!("star:{peers} {way} {load}");
+                if *size != 1420 {
+                    id.push_str(&format!(" {size}B"));
+                }
+                if *handshake_rate <= 0.0 {
+                    id.push_str(" storm");
+                }
+                if *shared_source {
+                    id.push_str(" one-source");
+                }
+                id
             }
         }
     }
@@ -353,6 +439,35 @@ impl Matrix {
                         });
                     }
                 }
+                WorkloadSpec::Star {
+                    peers,
+                    direction,
+                    offered_gbit,
+                    size,
+                    handshake_rate,
+                    shared_source,
+                } => {
+                    if !handshake_rate.is_finite() || *handshake_rate < 0.0 {
+                        return Err("matrix: star handshake_rate must be 0 or more".into());
+                    }
+                    for &n in peers {
+                        for &way in direction {
+                            for &offered in offered_gbit {
+                                if offered.is_some_and(|g| !(g.is_finite() && g > 0.0)) {
+                                    return Err("matrix: star offered_gbit must be positive".into());
+                                }
+                                cells.push(Cell::Star {
+                                    peers: n,
+                                    way,
+                                    offered_gbit: offered,
+                                    size: *size,
+                                    handshake_rate: *handshake_rate,
+                                    shared_source: *shared_source,
+                                });
+                            }
+                        }
+                    }
+                }
                 WorkloadSpec::Rr {
                     proto,
                     load,
@@ -399,6 +514,11 @@ impl Matrix {
         }
         if cells.is_empty() {
             return Err("matrix: no workloads".into());
+        }
+        for c in &cells {
+            if let Some(spec) = c.star_spec(f.duration_s) {
+                spec.validate()?;
+            }
         }
         Ok(Matrix {
             name: f.name,
@@ -530,6 +650,45 @@ impairment = { loss = 1.5, delay_ms = 5, jitter_ms = 1 }
         for (extra, needle) in [
             ("bulk_direction = [\"both\"]\n", "a-b or b-a"),
             ("bulk_streams = [0]\n", "bulk_streams"),
+        ] {
+            let e = Matrix::parse(&text(extra)).err().expect(needle).to_string();
+            assert!(e.contains(needle), "{needle}: {e}");
+        }
+    }
+
+    #[test]
+    fn star_cells_sweep_peers_directions_and_loads() {
+        let text = |extra: &str| {
+            format!(
+                "name = \"star\"\nimplementations = [\"wirelane\"]\nbaseline = \"wirelane\"\n\
+                 repeats = 1\nduration_s = 3\n[[workload]]\nkind = \"star\"\n{extra}"
+            )
+        };
+        let m = Matrix::parse(&text(
+            "peers = [1, 1000]\ndirection = [\"rx\", \"tx\"]\noffered_gbit = [2.5]\n",
+        ))
+        .unwrap();
+        let ids: Vec<String> = m.cells.iter().map(|c| c.id()).collect();
+        assert_eq!(
+            ids,
+            [
+                "star:1 rx 2.5Gbit/s",
+                "star:1 tx 2.5Gbit/s",
+                "star:1000 rx 2.5Gbit/s",
+                "star:1000 tx 2.5Gbit/s"
+            ]
+        );
+        assert_eq!(m.cells[2].topology(), Topology::Star(1000));
+        let spec = m.cells[2].star_spec(3.0).unwrap();
+        assert_eq!(spec.offered_pps, Some(2.5e9 / (8.0 * 1420.0)));
+        let storm = Matrix::parse(&text("peers = [100]\nhandshake_rate = 0\n")).unwrap();
+        assert_eq!(storm.cells[0].id(), "star:100 rx unlimited storm");
+        assert_eq!(storm.cells[0].star_spec(3.0).unwrap().handshake_rate, None);
+        for (extra, needle) in [
+            ("peers = [0]\n", "peers"),
+            ("peers = [10]\noffered_gbit = [-1.0]\n", "offered_gbit"),
+            ("peers = [10]\nsize = 10\n", "size"),
+            ("peers = [10]\nhandshake_rate = -1\n", "handshake_rate"),
         ] {
             let e = Matrix::parse(&text(extra)).err().expect(needle).to_string();
             assert!(e.contains(needle), "{needle}: {e}");

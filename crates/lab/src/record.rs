@@ -73,6 +73,9 @@ pub struct RunRecord {
     /// Threads of every daemon process at the end of the run (both hosts).
     #[serde(default)]
     pub daemon_threads: usize,
+    /// A star:N cell's figures.
+    #[serde(default)]
+    pub star: Option<crate::star::StarRecord>,
 }
 
 impl CpuReport {
@@ -109,11 +112,17 @@ impl RunRecord {
 
     /// Total TCP goodput over all directions.
     pub fn goodput_bps(&self) -> Option<f64> {
+        if let Some(s) = &self.star {
+            return Some(s.goodput_bps);
+        }
         (!self.tcp.is_empty()).then(|| self.tcp.iter().map(|t| t.goodput_bps).sum())
     }
 
     /// Payload bytes delivered during the run (for CPU per GB).
     pub fn delivered_bytes(&self) -> u64 {
+        if let Some(s) = &self.star {
+            return s.delivered * s.spec.as_ref().map_or(0, |p| p.size as u64);
+        }
         let tcp: u64 = self.tcp.iter().map(|t| t.bytes).sum();
         let udp = self
             .udp

@@ -402,6 +402,7 @@ mod tests {
             relay: vec![],
             signatures: vec![],
             daemon_threads: 0,
+            star: None,
         }
     }
 

@@ -89,6 +89,7 @@ pub fn metrics_for(r: &RunRecord) -> &'static [Metric] {
         crate::matrix::Cell::Tcp { .. } => &[GOODPUT],
         crate::matrix::Cell::Udp { .. } => &[UDP_PPS],
         crate::matrix::Cell::Rr { .. } => &[P50, P99],
+        crate::matrix::Cell::Star { .. } => &[GOODPUT],
     }
 }
 
@@ -245,6 +246,12 @@ pub fn markdown(records: &[RunRecord], baseline: &str, impl_order: &[String]) ->
     }
     out.push_str(&signatures_table(&g, impl_order));
     out.push_str(&crate::queues::table(&g, impl_order));
+    let stars: Vec<crate::star::StarRecord> =
+        records.iter().filter_map(|r| r.star.clone()).collect();
+    if !stars.is_empty() {
+        let cpu = records.first().map_or("", |r| r.env.cpu_model.as_str());
+        out.push_str(&crate::star::report::table(&stars, cpu));
+    }
     let disagree = records.iter().filter(|r| r.cpu.disagree).count();
     if disagree > 0 {
         out.push_str(&format!(
@@ -263,7 +270,7 @@ fn receiver_sigs(r: &RunRecord) -> Option<crate::signatures::Signatures> {
     use crate::matrix::{Cell, Direction};
     let dir = match r.cell {
         Cell::Tcp { direction, .. } | Cell::Udp { direction, .. } => direction,
-        Cell::Rr { .. } => Direction::Both,
+        Cell::Rr { .. } | Cell::Star { .. } => Direction::Both,
     };
     let side = match dir {
         Direction::AToB => Some("b"),

@@ -18,6 +18,8 @@ pub enum Topology {
     /// Two hosts, one veth, T tunnels between them, each with its own ports and inner
     /// addresses.
     Multi(u16),
+    /// One gateway and N peers the lab emulates (`crate::star` builds it).
+    Star(u32),
 }
 
 impl std::str::FromStr for Topology {
@@ -37,8 +39,19 @@ impl std::str::FromStr for Topology {
                         crate::matrix::MAX_TUNNELS
                     )
                 }),
+            _ if s.starts_with("star:") => s[5..]
+                .parse::<u32>()
+                .ok()
+                .filter(|n| (1..=crate::star::generator::MAX_PEERS as u32).contains(n))
+                .map(Topology::Star)
+                .ok_or_else(|| {
+                    format!(
+                        "topology '{s}': N must be 1..={}",
+                        crate::star::generator::MAX_PEERS
+                    )
+                }),
             _ => Err(format!(
-                "unknown topology '{s}' (available: pair, pair-router, multi:T)"
+                "unknown topology '{s}' (available: pair, pair-router, multi:T, star:N)"
             )),
         }
     }
@@ -50,6 +63,7 @@ impl std::fmt::Display for Topology {
             Topology::Pair => f.write_str("pair"),
             Topology::PairRouter => f.write_str("pair-router"),
             Topology::Multi(t) => write!(f, "multi:{t}"),
+            Topology::Star(n) => write!(f, "star:{n}"),
         }
     }
 }
@@ -128,6 +142,9 @@ impl Testbed {
         let a = Netns::new("lab")?;
         let b = Netns::new("lab")?;
         match topology {
+            Topology::Star(_) => {
+                Err("star:N builds its own namespaces (crate::star), not a testbed".into())
+            }
             Topology::Multi(t) => {
                 veth(&a, "192.168.81.1/24", &b, "192.168.81.2/24")?;
                 let (ua, ub) = (v4(192, 168, 81, 1), v4(192, 168, 81, 2));

@@ -30,6 +30,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, OnceLock};
 use std::time::{Duration, Instant};
 
+/// The default cap on sealed traffic held in memory, MiB.
+pub const DEFAULT_SEALED_MAX_MIB: usize = 2048;
+
 const GATEWAY_OUTER: Ipv4Addr = Ipv4Addr::new(192, 168, 90, 1);
 const GENERATOR_OUTER: &str = "192.168.90.2/24";
 const GATEWAY_PORT: u16 = 51820;

@@ -186,7 +186,7 @@ pub struct StarArgs {
     #[arg(long, default_value_t = 2000.0)]
     pub handshake_rate: f64,
     /// Cap on the sealed traffic held in memory, MiB.
-    #[arg(long, default_value_t = 2048)]
+    #[arg(long, default_value_t = super::DEFAULT_SEALED_MAX_MIB)]
     pub sealed_max_mib: usize,
     /// All peers behind one outer address (as behind a NAT) instead of one each: the
     /// gateway's per-source handshake rate limit then applies to them together.
