@@ -8,11 +8,11 @@ use crate::summary::{self, group, metrics_for, summary_of, Metric};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-const COLORS: [&str; 6] = [
+pub(crate) const COLORS: [&str; 6] = [
     "#3b6fb6", "#d9822b", "#4f9d69", "#a04ca0", "#888888", "#c44e52",
 ];
 
-fn esc(s: &str) -> String {
+pub(crate) fn esc(s: &str) -> String {
     s.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")
@@ -20,7 +20,7 @@ fn esc(s: &str) -> String {
 }
 
 /// Opens an SVG of `w`×`h` with an accessible title and a bold heading line.
-fn svg_open(w: f64, h: f64, title: &str, heading: &str, heading_y: f64) -> String {
+pub(crate) fn svg_open(w: f64, h: f64, title: &str, heading: &str, heading_y: f64) -> String {
     format!(
         r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" role="img"><title>{}</title><text x="4" y="{heading_y}" font-size="13" font-weight="bold">{}</text>"#,
         esc(title),
@@ -301,7 +301,7 @@ td,th{{border:1px solid #ccc;padding:3px 6px;text-align:left}}.better{{backgroun
 .charts{{display:flex;flex-wrap:wrap;gap:12px}}pre{{background:#f5f5f5;padding:1em;overflow:auto;font-size:12px}}</style></head><body>
 <h1>wirelane lab: {title}</h1><p>Result set <code>{set}</code>; {cores} cores, {cpu}; kernel {kernel}; commit {commit}.
 Bars are medians over repeats with min–max whiskers; ratios are against <b>{baseline}</b>.</p>
-{body}{signatures}<h2>History</h2>{history}<h2>Markdown summary</h2><pre>{md}</pre></body></html>"#,
+{body}{star}{signatures}<h2>History</h2>{history}<h2>Markdown summary</h2><pre>{md}</pre></body></html>"#,
         title = esc(&records.first().map_or(String::new(), |r| r.matrix.clone())),
         set = esc(set),
         cores = env.map_or(0, |e| e.cores),
@@ -311,6 +311,12 @@ Bars are medians over repeats with min–max whiskers; ratios are against <b>{ba
         baseline = esc(baseline),
         history = history_table(sets),
         signatures = signatures_html(&g, &order),
+        star = crate::star::report::charts_html(
+            &records
+                .iter()
+                .filter_map(|r| r.star.clone())
+                .collect::<Vec<_>>()
+        ),
         md = esc(&md),
     )
 }

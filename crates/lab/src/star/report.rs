@@ -197,7 +197,8 @@ pub struct StarArgs {
     pub out: Option<std::path::PathBuf>,
 }
 
-/// Runs `wirelane-lab star`: writes OUT/star.jsonl and OUT/star.md, prints the table.
+/// Runs `wirelane-lab star`: writes OUT/star.jsonl, OUT/star.md and OUT/star.html (the
+/// charts against N), prints the table.
 pub fn run_cli(a: &StarArgs) -> Result<()> {
     if !(1..=100).contains(&a.repeats) {
         return Err("--repeats must be 1..=100".into());
@@ -264,7 +265,172 @@ pub fn run_cli(a: &StarArgs) -> Result<()> {
     )?;
     let md = table(&records, &env.cpu_model);
     std::fs::write(dir.join("star.md"), &md)?;
+    std::fs::write(
+        dir.join("star.html"),
+        format!(
+            "<!doctype html><html><head><meta charset=\"utf-8\"><title>star:N</title>\
+             <style>body{{font-family:sans-serif}}.charts{{display:flex;flex-wrap:wrap;gap:12px}}\
+             </style></head><body><p>{} cores, {}; kernel {}; commit {}.</p>{}<pre>{}</pre></body></html>",
+            env.cores,
+            crate::report::esc(&env.cpu_model),
+            crate::report::esc(&env.kernel),
+            crate::report::esc(&env.commit),
+            charts_html(&records),
+            crate::report::esc(&md)
+        ),
+    )?;
     println!("{md}");
     println!("results: {}", dir.display());
     Ok(())
+}
+
+/// One line per implementation through its medians at each N, N on a log axis.
+fn line_chart(title: &str, unit: &str, series: &[(String, Vec<(usize, f64)>)]) -> String {
+    use crate::report::{esc, svg_open, COLORS};
+    use std::fmt::Write as _;
+    let (w, h, left, right, top, bottom) = (640.0, 260.0, 60.0, 20.0, 28.0, 210.0);
+    let ns: Vec<usize> = series
+        .iter()
+        .flat_map(|s| s.1.iter().map(|p| p.0))
+        .collect();
+    let (lo, hi) = (
+        ns.iter().copied().min().unwrap_or(1).max(1) as f64,
+        ns.iter().copied().max().unwrap_or(1).max(1) as f64,
+    );
+    let span = (hi.log10() - lo.log10()).max(1e-9);
+    let ymax = series
+        .iter()
+        .flat_map(|s| s.1.iter().map(|p| p.1))
+        .fold(0.0f64, f64::max)
+        .max(1e-9)
+        * 1.1;
+    let x = |n: usize| left + (w - left - right) * ((n.max(1) as f64).log10() - lo.log10()) / span;
+    let y = |v: f64| bottom - (bottom - top) * v / ymax;
+    let mut s = svg_open(w, h, title, &format!("{title} ({unit})"), 16.0);
+    let _ = write!(
+        s,
+        r#"<line x1="{left}" x2="{}" y1="{bottom}" y2="{bottom}" stroke="black"/><line x1="{left}" x2="{left}" y1="{top}" y2="{bottom}" stroke="black"/><text x="4" y="{}" font-size="11">{:.2}</text><text x="4" y="{bottom}" font-size="11">0</text>"#,
+        w - right,
+        top + 4.0,
+        ymax / 1.1,
+    );
+    let mut ticks = ns.clone();
+    ticks.sort_unstable();
+    ticks.dedup();
+    for n in ticks {
+        let _ = write!(
+            s,
+            r#"<text x="{:.1}" y="{}" font-size="11">N={n}</text>"#,
+            x(n) - 10.0,
+            bottom + 16.0
+        );
+    }
+    for (i, (name, points)) in series.iter().enumerate() {
+        let c = COLORS[i % COLORS.len()];
+        let path: Vec<String> = points
+            .iter()
+            .map(|&(n, v)| format!("{:.1},{:.1}", x(n), y(v)))
+            .collect();
+        let _ = write!(
+            s,
+            r#"<polyline points="{}" fill="none" stroke="{c}" stroke-width="2"/>"#,
+            path.join(" ")
+        );
+        for &(n, v) in points {
+            let _ = write!(
+                s,
+                r#"<circle cx="{:.1}" cy="{:.1}" r="3" fill="{c}"><title>{} N={n}: {v:.3}</title></circle>"#,
+                x(n),
+                y(v),
+                esc(name)
+            );
+        }
+        let _ = write!(
+            s,
+            r#"<rect x="{:.1}" y="240" width="10" height="10" fill="{c}"/><text x="{:.1}" y="249" font-size="11">{}</text>"#,
+            left + 150.0 * i as f64,
+            left + 14.0 + 150.0 * i as f64,
+            esc(name)
+        );
+    }
+    s.push_str("</svg>");
+    s
+}
+
+/// The charts against N (seed 000's Fig. 8 and its companions): per direction and
+/// offered load, goodput, daemon CPU-seconds per GB and one-way delay p99, one line per
+/// implementation through the medians.
+pub fn charts_html(records: &[StarRecord]) -> String {
+    let mut groups: Vec<(Way, Option<u64>)> = Vec::new();
+    let mut names: Vec<String> = Vec::new();
+    for r in records {
+        let Some(s) = &r.spec else { continue };
+        let g = (s.way, s.offered_pps.map(|p| p as u64));
+        if !groups.contains(&g) {
+            groups.push(g);
+        }
+        if !names.contains(&r.implementation) {
+            names.push(r.implementation.clone());
+        }
+    }
+    type Figure = fn(&StarRecord) -> Option<f64>;
+    let figures: [(&str, &str, Figure); 3] = [
+        ("goodput", "Gbit/s", |r| Some(r.goodput_bps / 1e9)),
+        ("daemon CPU per GB", "CPU-s/GB", |r| r.cpu_s_per_gb),
+        ("one-way delay p99", "ms", |r| {
+            r.delay_p99_us.map(|d| d / 1e3)
+        }),
+    ];
+    let mut out = String::new();
+    for (way, pps) in groups {
+        let load = pps.map_or("unlimited".into(), |p| format!("{p} pps offered"));
+        out.push_str(&format!(
+            "<h2>star:N, {way}, {load}</h2><div class=\"charts\">"
+        ));
+        for (what, unit, f) in figures {
+            let series: Vec<(String, Vec<(usize, f64)>)> = names
+                .iter()
+                .map(|name| {
+                    let mut ns: Vec<usize> = records
+                        .iter()
+                        .filter_map(|r| r.spec.as_ref().map(|s| (r, s)))
+                        .filter(|(r, s)| {
+                            r.implementation == *name
+                                && s.way == way
+                                && s.offered_pps.map(|p| p as u64) == pps
+                        })
+                        .map(|(_, s)| s.peers)
+                        .collect();
+                    ns.sort_unstable();
+                    ns.dedup();
+                    let points = ns
+                        .into_iter()
+                        .filter_map(|n| {
+                            let v: Vec<f64> = records
+                                .iter()
+                                .filter(|r| {
+                                    r.implementation == *name
+                                        && r.error.is_none()
+                                        && r.spec.as_ref().is_some_and(|s| {
+                                            s.way == way
+                                                && s.peers == n
+                                                && s.offered_pps.map(|p| p as u64) == pps
+                                        })
+                                })
+                                .filter_map(f)
+                                .collect();
+                            Some((n, median(&v)?))
+                        })
+                        .collect();
+                    (name.clone(), points)
+                })
+                .filter(|(_, p): &(String, Vec<(usize, f64)>)| !p.is_empty())
+                .collect();
+            if !series.is_empty() {
+                out.push_str(&line_chart(&format!("{what} against N"), unit, &series));
+            }
+        }
+        out.push_str("</div>");
+    }
+    out
 }
