@@ -151,7 +151,12 @@ impl Interface {
                     None => {
                         let id = table.next_id;
                         table.next_id = table.next_id.wrapping_add(1);
-                        let p = Arc::new(Peer::new(id, pu.public_key, [0; 32]));
+                        let p = Arc::new(Peer::new(
+                            id,
+                            pu.public_key,
+                            [0; 32],
+                            self.rx_budget.clone(),
+                        ));
                         table.by_key.insert(pu.public_key, p.clone());
                         table.by_id.insert(id, p.clone());
                         added.push(p.clone());

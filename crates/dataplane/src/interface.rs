@@ -8,6 +8,7 @@
 //! `indices` → `timers`. Nothing holds a lock across crypto, and only the UAPI takes
 //! `table` for writing.
 
+use crate::budget::{QueueBudget, RX_BUDGET_PACKETS};
 use crate::codel::{Codel, CodelParams};
 use crate::fq_codel::{QueueDiscipline, QueuePolicy};
 use crate::netwatch::NetWatch;
@@ -63,6 +64,8 @@ pub struct Interface {
     pub tun: Box<dyn TunPort>,
     /// How transmit packets queue before their nonce.
     pub queue: QueueDiscipline,
+    /// What every peer's receive queue holds together, at most.
+    pub rx_budget: Arc<QueueBudget>,
     /// CoDel's parameters, for both directions.
     pub codel: CodelParams,
     /// The receive side's controller, with fq-codel: one per interface, since its
@@ -158,6 +161,7 @@ impl Interface {
             indices: Mutex::new(HashMap::new()),
             sockets: RwLock::new(sockets),
             sockets_generation: AtomicU64::new(0),
+            rx_budget: Arc::new(QueueBudget::new(RX_BUDGET_PACKETS)),
             gate: Mutex::new(None),
             handshake_tx,
             handshake_rx,

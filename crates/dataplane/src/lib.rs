@@ -10,6 +10,8 @@
 //!
 //! With `--cfg loom`, only the ordered queue is built, for its model checks.
 
+/// The interface-wide bound on the packets its peers' queues hold together.
+pub mod budget;
 #[cfg(not(loom))]
 pub mod codel;
 #[cfg(not(loom))]

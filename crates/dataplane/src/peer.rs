@@ -4,6 +4,7 @@
 //! Lock order (outermost first): device peer table → `state` → index table. The state
 //! mutex is held only for protocol bookkeeping, never during crypto or I/O.
 
+use crate::budget::QueueBudget;
 use crate::fq_codel::SharedFlowQueues;
 use crate::packet::Batch;
 use crate::packet::Packet;
@@ -11,7 +12,7 @@ use crate::queue::OrderedQueue;
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use wirelane_io::udp::LocalAddr;
 use wirelane_proto::PeerState;
 
@@ -56,7 +57,8 @@ pub struct StickySource {
 pub const UNCHECKED: u64 = 0;
 
 impl Peer {
-    pub fn new(id: u32, public_key: [u8; 32], psk: [u8; 32]) -> Peer {
+    /// A peer whose receive queue counts against `rx_budget`, its interface's.
+    pub fn new(id: u32, public_key: [u8; 32], psk: [u8; 32], rx_budget: Arc<QueueBudget>) -> Peer {
         Peer {
             id,
             public_key,
@@ -64,7 +66,7 @@ impl Peer {
             staged: Mutex::new(VecDeque::new()),
             tx_fq: SharedFlowQueues::default(),
             tx_queue: OrderedQueue::default(),
-            rx_queue: OrderedQueue::default(),
+            rx_queue: OrderedQueue::with_budget(rx_budget),
             rx_bytes: AtomicU64::new(0),
             tx_bytes: AtomicU64::new(0),
             removed: AtomicBool::new(false),
@@ -161,7 +163,8 @@ mod tests {
 
     #[test]
     fn staging_is_bounded_and_drops_the_oldest() {
-        let peer = Peer::new(1, [7; 32], [0; 32]);
+        let budget = Arc::new(QueueBudget::new(crate::budget::RX_BUDGET_PACKETS));
+        let peer = Peer::new(1, [7; 32], [0; 32], budget);
         let packets = (0..1000u32).map(|i| {
             let mut p = Packet::with_capacity(4);
             p.len = 4;

@@ -28,6 +28,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 #[cfg(not(loom))]
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
+use crate::budget::QueueBudget;
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
@@ -67,6 +68,8 @@ pub struct OrderedQueue<T: Ordered> {
     /// Producers waiting in `wait_for_room`, woken when batches leave.
     room: RoomWaiters,
     packets: AtomicUsize,
+    /// The bound this queue shares with the interface's other queues of its direction.
+    budget: Option<Arc<QueueBudget>>,
 }
 
 /// Producers waiting for room in a bounded queue, and the condition variable they wait
@@ -131,20 +134,43 @@ impl<T: Ordered> Default for OrderedQueue<T> {
             }),
             room: RoomWaiters::default(),
             packets: AtomicUsize::new(0),
+            budget: None,
         }
     }
 }
 
 impl<T: Ordered> OrderedQueue<T> {
-    /// Appends a batch; false (and the batch is not queued) when the queue is full.
+    /// A queue that also counts against `budget`, shared with other queues.
+    pub fn with_budget(budget: Arc<QueueBudget>) -> Self {
+        OrderedQueue {
+            budget: Some(budget),
+            ..Self::default()
+        }
+    }
+
+    /// Appends a batch; false (and the batch is not queued) when the queue, or the
+    /// budget it shares, is full.
     pub fn push(&self, batch: Arc<T>, npackets: usize) -> bool {
         let mut st = self.lock();
-        if self.packets.load(Ordering::Relaxed) + npackets > MAX_QUEUED_PACKETS {
+        if self.packets.load(Ordering::Relaxed) + npackets > MAX_QUEUED_PACKETS
+            || self.budget.as_ref().is_some_and(|b| !b.fits(npackets))
+        {
             return false;
         }
         self.packets.fetch_add(npackets, Ordering::Relaxed);
+        if let Some(b) = &self.budget {
+            b.add(npackets);
+        }
         st.batches.push_back(batch);
         true
+    }
+
+    /// Takes `n` packets off the counts (with the lock held).
+    fn count_out(&self, n: usize) {
+        self.packets.fetch_sub(n, Ordering::Relaxed);
+        if let Some(b) = &self.budget {
+            b.sub(n);
+        }
     }
 
     /// Waits (at most `timeout`) until `npackets` more fit. Only I/O reader threads call
@@ -152,9 +178,16 @@ impl<T: Ordered> OrderedQueue<T> {
     /// for. Waiting instead of dropping is the backpressure that keeps TCP from seeing
     /// losses that are only a full queue.
     pub fn wait_for_room(&self, npackets: usize, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
         let full =
             |_: &State<T>| self.packets.load(Ordering::Relaxed) + npackets > MAX_QUEUED_PACKETS;
-        self.room.wait_while(self.lock(), timeout, full).1
+        if !self.room.wait_while(self.lock(), timeout, full).1 {
+            return false;
+        }
+        match &self.budget {
+            Some(b) => b.wait_for_room(npackets, deadline),
+            None => true,
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, State<T>> {
@@ -189,7 +222,7 @@ impl<T: Ordered> OrderedQueue<T> {
                             return d;
                         }
                         let b = st.batches.pop_front().expect("the head exists");
-                        self.packets.fetch_sub(b.packets(), Ordering::Relaxed);
+                        self.count_out(b.packets());
                         self.wake_waiters();
                         b
                     }
@@ -209,9 +242,11 @@ impl<T: Ordered> OrderedQueue<T> {
     /// Drops everything queued (peer removal). In-flight crypt work still completes but
     /// finds its batch gone from here.
     pub fn clear(&self) {
-        self.lock().batches.clear();
-        self.packets.store(0, Ordering::Relaxed);
+        let mut st = self.lock();
+        st.batches.clear();
+        self.count_out(self.packets.load(Ordering::Relaxed));
         self.wake_waiters();
+        drop(st);
     }
 
     /// Wakes producers waiting for room. Call with `state` locked.
@@ -345,6 +380,35 @@ mod tests {
         assert_eq!(seen, [0, 2]);
         assert!(q.wait_for_room(MAX_QUEUED_PACKETS, Duration::ZERO));
     }
+    /// Queues sharing a budget refuse what would take the sum past it, whatever room
+    /// each has of its own; a drain or a clear gives the room back to all of them.
+    #[test]
+    fn queues_sharing_a_budget_hold_no_more_than_it_together() {
+        let budget = Arc::new(QueueBudget::new(10));
+        let (a, b) = (
+            OrderedQueue::<Item>::with_budget(budget.clone()),
+            OrderedQueue::<Item>::with_budget(budget.clone()),
+        );
+        let item = |seq, n| {
+            Arc::new(Item {
+                seq,
+                n,
+                done: AtomicBool::new(true),
+            })
+        };
+        assert!(a.push(item(0, 6), 6));
+        assert!(!b.push(item(1, 6), 6), "6 + 6 is past the shared 10");
+        assert!(!b.wait_for_room(6, Duration::from_millis(1)));
+        assert!(b.push(item(2, 4), 4));
+        assert_eq!(budget.used(), 10);
+        assert!(a.schedule());
+        a.drain(usize::MAX, |_| {});
+        assert_eq!(budget.used(), 4);
+        assert!(b.wait_for_room(6, Duration::ZERO));
+        b.clear();
+        assert_eq!(budget.used(), 0);
+    }
+
     /// The drain wakes a producer that waits for room, although it skips the condvar
     /// when nobody waits: the waiter must return well before its long timeout.
     #[test]

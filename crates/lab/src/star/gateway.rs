@@ -1,6 +1,6 @@
 //! The gateway under test, from the outside: its configuration for N peers, and the
-//! counters of its namespace that say where a lost packet was lost (the veth, the
-//! listening socket's drops, the TUN device).
+//! counters of its namespace that say where a lost packet was lost (the listening
+//! socket's drops, the TUN device's packets and drops).
 
 use super::emulated::EmulatedPeer;
 use super::{inner, GATEWAY_PORT};
@@ -10,7 +10,6 @@ use crate::Result;
 /// The gateway namespace's counters that place losses.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct GatewayCounters {
-    pub veth_rx: u64,
     pub tun_rx: u64,
     pub tun_tx: u64,
     pub tun_tx_dropped: u64,
@@ -18,11 +17,10 @@ pub struct GatewayCounters {
 }
 
 impl GatewayCounters {
-    pub fn read(ns: &Netns, veth: &str, tun: &str) -> Result<GatewayCounters> {
+    pub fn read(ns: &Netns, tun: &str) -> Result<GatewayCounters> {
         let stat = |dev: &str, name: &str| format!("/sys/class/net/{dev}/statistics/{name}");
         let out = ns.run(&format!(
-            "cat {} {} {} {}; cat /proc/net/udp /proc/net/udp6",
-            stat(veth, "rx_packets"),
+            "cat {} {} {}; cat /proc/net/udp /proc/net/udp6",
             stat(tun, "rx_packets"),
             stat(tun, "tx_packets"),
             stat(tun, "tx_dropped"),
@@ -34,7 +32,7 @@ impl GatewayCounters {
                 .and_then(|l| l.trim().parse().ok())
                 .ok_or("unreadable interface statistics")?)
         };
-        let (veth_rx, tun_rx, tun_tx, tun_tx_dropped) = (next()?, next()?, next()?, next()?);
+        let (tun_rx, tun_tx, tun_tx_dropped) = (next()?, next()?, next()?);
         let port = format!(":{GATEWAY_PORT:04X}");
         let listen_drops = out
             .lines()
@@ -44,7 +42,6 @@ impl GatewayCounters {
             })
             .sum();
         Ok(GatewayCounters {
-            veth_rx,
             tun_rx,
             tun_tx,
             tun_tx_dropped,
@@ -54,7 +51,6 @@ impl GatewayCounters {
 
     pub fn since(&self, b: &GatewayCounters) -> GatewayCounters {
         GatewayCounters {
-            veth_rx: self.veth_rx.saturating_sub(b.veth_rx),
             tun_rx: self.tun_rx.saturating_sub(b.tun_rx),
             tun_tx: self.tun_tx.saturating_sub(b.tun_tx),
             tun_tx_dropped: self.tun_tx_dropped.saturating_sub(b.tun_tx_dropped),

@@ -1,0 +1,75 @@
+//! An interface-wide bound on the packets its peers' queues of one direction hold
+//! together, beside each queue's own bound (`queue::MAX_QUEUED_PACKETS`).
+//!
+//! Why: the per-queue bound alone lets memory grow with the number of peers. A gateway
+//! overloaded by a thousand peers would fill a thousand queues, a thousand packets
+//! each, 2 KiB per packet; with the shared bound the excess waits in the kernel's
+//! socket buffer instead and is dropped there, where an overload belongs.
+//!
+//! Invariant: `used` is the sum of the packets queued in every queue holding this
+//! budget. It changes only inside `OrderedQueue`, under the queue's own lock and
+//! together with the queue's count, so each queue's share is exactly what it holds.
+//! Waiting for room polls instead of waiting on a condition variable: only an I/O
+//! reader ever waits, and only while the whole interface is overloaded, so a short
+//! sleep costs nothing that matters, while a wake-up on every dequeue of every peer
+//! would.
+
+#[cfg(loom)]
+use loom::sync::atomic::{AtomicUsize, Ordering};
+#[cfg(not(loom))]
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use std::time::{Duration, Instant};
+
+/// Packets an interface's receive queues hold at most together: tens of milliseconds
+/// of decryption on any core count this runs on, 16 MiB of buffers.
+pub const RX_BUDGET_PACKETS: usize = 8192;
+
+/// How often a reader waiting for room looks again.
+const POLL: Duration = Duration::from_micros(200);
+
+#[derive(Debug)]
+pub struct QueueBudget {
+    limit: usize,
+    used: AtomicUsize,
+}
+
+impl QueueBudget {
+    pub fn new(limit: usize) -> QueueBudget {
+        QueueBudget {
+            limit,
+            used: AtomicUsize::new(0),
+        }
+    }
+
+    /// Whether `n` more packets fit.
+    pub fn fits(&self, n: usize) -> bool {
+        self.used.load(Ordering::Relaxed) + n <= self.limit
+    }
+
+    pub(crate) fn add(&self, n: usize) {
+        self.used.fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub(crate) fn sub(&self, n: usize) {
+        self.used.fetch_sub(n, Ordering::Relaxed);
+    }
+
+    pub fn used(&self) -> usize {
+        self.used.load(Ordering::Relaxed)
+    }
+
+    /// Waits until `n` more fit or `deadline` passes; whether they fit.
+    pub fn wait_for_room(&self, n: usize, deadline: Instant) -> bool {
+        loop {
+            if self.fits(n) {
+                return true;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            std::thread::sleep(left.min(POLL));
+        }
+    }
+}
