@@ -54,6 +54,18 @@ pub struct CoreSplit {
     pub idle: f64,
 }
 
+impl CoreSplit {
+    /// The share of the interval the core was busy (0..1).
+    pub fn busy(&self) -> f64 {
+        let total = self.user + self.sys + self.softirq + self.irq + self.idle;
+        if total > 0.0 {
+            1.0 - self.idle / total
+        } else {
+            0.0
+        }
+    }
+}
+
 pub fn core_splits(before: &[CoreTicks], after: &[CoreTicks]) -> Vec<CoreSplit> {
     before
         .iter()

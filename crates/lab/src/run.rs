@@ -50,6 +50,7 @@ pub fn execute(m: &Matrix, run: &Run, env: &Env, set: &str) -> RunRecord {
         rec.seconds = s.seconds;
         rec.cpu.daemon_s = s.daemon_cpu_s;
         rec.peak_rss_kib = s.peak_rss_kib.into_iter().collect();
+        rec.signatures = s.signatures.iter().cloned().collect();
         rec.star = Some(s);
         return rec;
     }

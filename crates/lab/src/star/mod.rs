@@ -215,6 +215,9 @@ pub struct StarRecord {
     pub core_spread: Option<f64>,
     pub core_busy: Vec<f64>,
     pub peak_rss_kib: Option<u64>,
+    /// wirelane's execution-order signatures and queue figures over the phase.
+    #[serde(default)]
+    pub signatures: Option<crate::signatures::Signatures>,
 }
 
 /// The AEAD's open-only cost on this thread, seconds per GB of `size`-byte packets:
@@ -340,7 +343,8 @@ fn measure(which: Impl, spec: &StarSpec, rec: &mut StarRecord) -> Result<()> {
 
     // The generator: handshakes and sealing in its namespace, then a go.
     let (ready_tx, ready_rx) = mpsc::channel::<HandshakeReport>();
-    let (go_tx, go_rx) = mpsc::channel::<Instant>();
+    // The phase start, or None: the run is off (not every peer got a session).
+    let (go_tx, go_rx) = mpsc::channel::<Option<Instant>>();
     let gen_spec = spec.clone();
     let gen_stop = stop.clone();
     let generator = crate::workload::in_ns(&gen.name, move || -> Result<GeneratorOutcome> {
@@ -354,7 +358,9 @@ fn measure(which: Impl, spec: &StarSpec, rec: &mut StarRecord) -> Result<()> {
         let sealed = (gen_spec.way == Way::Rx)
             .then(|| g.seal(per_peer, gen_spec.size, gen_spec.offered_pps));
         let _ = ready_tx.send(hs);
-        let t0 = go_rx.recv().map_err(|_| "no go for the timed phase")?;
+        let Some(t0) = go_rx.recv().ok().flatten() else {
+            return Ok(GeneratorOutcome::CalledOff);
+        };
         match sealed {
             Some(s) => {
                 let send_limit =
@@ -392,7 +398,7 @@ fn measure(which: Impl, spec: &StarSpec, rec: &mut StarRecord) -> Result<()> {
     rec.handshake = hs.clone();
     if hs.established < spec.peers {
         stop.store(true, Ordering::Release);
-        let _ = go_tx.send(Instant::now());
+        let _ = go_tx.send(None);
         let _ = crate::workload::join(generator);
         return Err(format!(
             "only {} of {} peers completed a handshake",
@@ -407,9 +413,14 @@ fn measure(which: Impl, spec: &StarSpec, rec: &mut StarRecord) -> Result<()> {
     let threads_before = pid.map(cpu::read_threads);
     let cores_before = cpu::read_cores();
     let counters_before = GatewayCounters::read(&gw, &tun)?;
+    // wirelane's own counters (its execution-order signatures and queue figures).
+    let sigs_before = which
+        .is_wirelane()
+        .then(|| crate::signatures::snapshot(&tun).ok())
+        .flatten();
     let start = Instant::now() + Duration::from_millis(20);
     let _ = t0.set(start);
-    let _ = go_tx.send(start);
+    let _ = go_tx.send(Some(start));
 
     let mut inner_sent = None;
     if spec.way == Way::Tx {
@@ -428,6 +439,13 @@ fn measure(which: Impl, spec: &StarSpec, rec: &mut StarRecord) -> Result<()> {
         None => None,
     };
     let counters = GatewayCounters::read(&gw, &tun)?.since(&counters_before);
+    if let Some(before) = &sigs_before {
+        if let Ok(after) = crate::signatures::snapshot(&tun) {
+            rec.signatures = Some(crate::signatures::Signatures::between(
+                "gateway", before, &after,
+            ));
+        }
+    }
     let cores_after = cpu::read_cores();
     if let (Some(pid), Some(before)) = (pid, &threads_before) {
         let after = cpu::read_threads(pid);
@@ -438,17 +456,7 @@ fn measure(which: Impl, spec: &StarSpec, rec: &mut StarRecord) -> Result<()> {
         rec.peak_rss_kib = cpu::peak_rss_kib(pid);
     }
     let splits = cpu::core_splits(&cores_before, &cores_after);
-    rec.core_busy = splits
-        .iter()
-        .map(|c| {
-            let total = c.user + c.sys + c.softirq + c.irq + c.idle;
-            if total > 0.0 {
-                1.0 - c.idle / total
-            } else {
-                0.0
-            }
-        })
-        .collect();
+    rec.core_busy = splits.iter().map(|c| c.busy()).collect();
     rec.core_spread = crate::record::CpuReport {
         cores: splits,
         ..Default::default()
@@ -516,4 +524,6 @@ enum GeneratorOutcome {
     /// What was sent, and how many packets were sealed.
     Sent(generator::SendReport, u64),
     Received(generator::ReceiveReport),
+    /// The run was called off before its timed phase.
+    CalledOff,
 }

@@ -68,26 +68,16 @@ pub fn table(records: &[StarRecord], cpu: &str) -> String {
     keys.sort_by_key(|(w, n, _)| (*w as u8, *n));
     let mut rows = Vec::new();
     for (way, n, name) in &keys {
-        let runs: Vec<&StarRecord> = records
+        let (runs, failed): (Vec<&StarRecord>, Vec<&StarRecord>) = records
             .iter()
             .filter(|r| {
                 r.implementation == *name
-                    && r.error.is_none()
                     && r.spec
                         .as_ref()
                         .is_some_and(|s| s.way == *way && s.peers == *n)
             })
-            .collect();
-        let failed = records
-            .iter()
-            .filter(|r| {
-                r.implementation == *name
-                    && r.error.is_some()
-                    && r.spec
-                        .as_ref()
-                        .is_some_and(|s| s.way == *way && s.peers == *n)
-            })
-            .count();
+            .partition(|r| r.error.is_none());
+        let failed = failed.len();
         let m = |f: &dyn Fn(&StarRecord) -> Option<f64>| {
             median(&runs.iter().filter_map(|r| f(r)).collect::<Vec<_>>())
         };
