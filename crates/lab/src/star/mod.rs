@@ -103,7 +103,53 @@ fn default_sample_every() -> u64 {
     64
 }
 
+/// What makes runs comparable: direction, N, offered load and whether the
+/// handshakes came as a storm.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shape {
+    pub way: Way,
+    pub peers: usize,
+    /// Offered packets per second, rounded (None: unlimited).
+    pub offered_pps: Option<u64>,
+    pub storm: bool,
+}
+
+impl Shape {
+    /// Table order: direction, then N, load and storm.
+    pub fn order(&self) -> (u8, usize, u64, bool) {
+        (
+            self.way as u8,
+            self.peers,
+            self.offered_pps.unwrap_or(u64::MAX),
+            self.storm,
+        )
+    }
+}
+
+impl std::fmt::Display for Shape {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} N={}", self.way, self.peers)?;
+        match self.offered_pps {
+            Some(p) => write!(f, " {p} pps")?,
+            None => f.write_str(" unlimited")?,
+        }
+        if self.storm {
+            f.write_str(" storm")?;
+        }
+        Ok(())
+    }
+}
+
 impl StarSpec {
+    pub fn shape(&self) -> Shape {
+        Shape {
+            way: self.way,
+            peers: self.peers,
+            offered_pps: self.offered_pps.map(|p| p.round() as u64),
+            storm: self.handshake_rate.is_none(),
+        }
+    }
+
     pub fn validate(&self) -> Result<()> {
         if !(1..=generator::MAX_PEERS).contains(&self.peers) {
             return Err(format!("star: peers must be 1..={}", generator::MAX_PEERS).into());

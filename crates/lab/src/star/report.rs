@@ -4,7 +4,7 @@
 //! 000's Fig. 8), cost per byte against the AEAD floor, loss and where it happened,
 //! delay, memory and handshake time.
 
-use super::{aead_floor, run_one, StarRecord, StarSpec, Way};
+use super::{aead_floor, run_one, Shape, StarRecord, StarSpec, Way};
 use crate::impls::Impl;
 use crate::stats::median;
 use crate::summary::markdown_table;
@@ -55,26 +55,23 @@ fn fmt(v: Option<f64>, digits: usize) -> String {
     v.map_or("–".into(), |v| format!("{v:.digits$}"))
 }
 
-/// Medians per (direction, N, implementation), in the order the records first appear.
+/// Medians per cell shape (direction, N, offered load, storm) and implementation.
 pub fn table(records: &[StarRecord], cpu: &str) -> String {
-    let mut keys: Vec<(Way, usize, String)> = Vec::new();
+    let mut keys: Vec<(Shape, String)> = Vec::new();
     for r in records {
         let Some(s) = &r.spec else { continue };
-        let k = (s.way, s.peers, r.implementation.clone());
+        let k = (s.shape(), r.implementation.clone());
         if !keys.contains(&k) {
             keys.push(k);
         }
     }
-    keys.sort_by_key(|(w, n, _)| (*w as u8, *n));
+    keys.sort_by_key(|k| k.0.order());
     let mut rows = Vec::new();
-    for (way, n, name) in &keys {
+    for (shape, name) in &keys {
         let (runs, failed): (Vec<&StarRecord>, Vec<&StarRecord>) = records
             .iter()
             .filter(|r| {
-                r.implementation == *name
-                    && r.spec
-                        .as_ref()
-                        .is_some_and(|s| s.way == *way && s.peers == *n)
+                r.implementation == *name && r.spec.as_ref().is_some_and(|s| s.shape() == *shape)
             })
             .partition(|r| r.error.is_none());
         let failed = failed.len();
@@ -92,8 +89,7 @@ pub fn table(records: &[StarRecord], cpu: &str) -> String {
             .map(|r| r.reordered + r.duplicates + r.corrupted + r.misdelivered + r.sample_bad)
             .sum();
         rows.push([
-            way.to_string(),
-            n.to_string(),
+            shape.to_string(),
             name.clone(),
             format!(
                 "{}{}",
@@ -123,8 +119,7 @@ pub fn table(records: &[StarRecord], cpu: &str) -> String {
              bad samples over all runs."
         ),
         &[
-            "dir",
-            "N",
+            "cell",
             "implementation",
             "runs",
             "goodput Gbit/s",
@@ -351,13 +346,17 @@ fn line_chart(title: &str, unit: &str, series: &[(String, Vec<(usize, f64)>)]) -
 /// offered load, goodput, daemon CPU-seconds per GB and one-way delay p99, one line per
 /// implementation through the medians.
 pub fn charts_html(records: &[StarRecord]) -> String {
-    let mut groups: Vec<(Way, Option<u64>)> = Vec::new();
+    // A group is a shape but for N; its lines run over N.
+    let group_of = |s: &StarSpec| Shape {
+        peers: 0,
+        ..s.shape()
+    };
+    let mut groups: Vec<Shape> = Vec::new();
     let mut names: Vec<String> = Vec::new();
     for r in records {
         let Some(s) = &r.spec else { continue };
-        let g = (s.way, s.offered_pps.map(|p| p as u64));
-        if !groups.contains(&g) {
-            groups.push(g);
+        if !groups.contains(&group_of(s)) {
+            groups.push(group_of(s));
         }
         if !names.contains(&r.implementation) {
             names.push(r.implementation.clone());
@@ -372,41 +371,31 @@ pub fn charts_html(records: &[StarRecord]) -> String {
         }),
     ];
     let mut out = String::new();
-    for (way, pps) in groups {
-        let load = pps.map_or("unlimited".into(), |p| format!("{p} pps offered"));
-        out.push_str(&format!(
-            "<h2>star:N, {way}, {load}</h2><div class=\"charts\">"
-        ));
+    for group in groups {
+        let title = group.to_string().replace(" N=0", "");
+        out.push_str(&format!("<h2>star:N, {title}</h2><div class=\"charts\">"));
         for (what, unit, f) in figures {
             let series: Vec<(String, Vec<(usize, f64)>)> = names
                 .iter()
                 .map(|name| {
-                    let mut ns: Vec<usize> = records
-                        .iter()
-                        .filter_map(|r| r.spec.as_ref().map(|s| (r, s)))
-                        .filter(|(r, s)| {
+                    let of = |n: Option<usize>| {
+                        records.iter().filter(move |r| {
                             r.implementation == *name
-                                && s.way == way
-                                && s.offered_pps.map(|p| p as u64) == pps
+                                && r.spec.as_ref().is_some_and(|s| {
+                                    group_of(s) == group && n.is_none_or(|n| s.peers == n)
+                                })
                         })
-                        .map(|(_, s)| s.peers)
+                    };
+                    let mut ns: Vec<usize> = of(None)
+                        .filter_map(|r| r.spec.as_ref().map(|s| s.peers))
                         .collect();
                     ns.sort_unstable();
                     ns.dedup();
                     let points = ns
                         .into_iter()
                         .filter_map(|n| {
-                            let v: Vec<f64> = records
-                                .iter()
-                                .filter(|r| {
-                                    r.implementation == *name
-                                        && r.error.is_none()
-                                        && r.spec.as_ref().is_some_and(|s| {
-                                            s.way == way
-                                                && s.peers == n
-                                                && s.offered_pps.map(|p| p as u64) == pps
-                                        })
-                                })
+                            let v: Vec<f64> = of(Some(n))
+                                .filter(|r| r.error.is_none())
                                 .filter_map(f)
                                 .collect();
                             Some((n, median(&v)?))
