@@ -139,13 +139,22 @@ impl<T: Ordered> Default for OrderedQueue<T> {
     }
 }
 
+/// A queue that goes away with packets still in it (its peer dropped while a batch it
+/// took after the peer's removal was still queued) gives their room back.
+impl<T: Ordered> Drop for OrderedQueue<T> {
+    fn drop(&mut self) {
+        if let Some(b) = &self.budget {
+            b.sub(self.packets.load(Ordering::Relaxed));
+        }
+    }
+}
+
 impl<T: Ordered> OrderedQueue<T> {
     /// A queue that also counts against `budget`, shared with other queues.
     pub fn with_budget(budget: Arc<QueueBudget>) -> Self {
-        OrderedQueue {
-            budget: Some(budget),
-            ..Self::default()
-        }
+        let mut q = Self::default();
+        q.budget = Some(budget);
+        q
     }
 
     /// Appends a batch; false (and the batch is not queued) when the queue, or the
@@ -407,6 +416,9 @@ mod tests {
         assert!(b.wait_for_room(6, Duration::ZERO));
         b.clear();
         assert_eq!(budget.used(), 0);
+        assert!(b.push(item(3, 5), 5));
+        drop(b);
+        assert_eq!(budget.used(), 0, "a dropped queue gives its room back");
     }
 
     /// The drain wakes a producer that waits for room, although it skips the condvar
