@@ -79,12 +79,13 @@ pub fn config(n: usize, private: &str) -> String {
             chunk.copy_from_slice(&state.to_le_bytes());
         }
         conf.push_str(&format!(
-            "\n[Peer]\nPublicKey = {}\nAllowedIPs = 10.{}.{}.{}/32, fd10::{:x}/128\n",
+            "\n[Peer]\nPublicKey = {}\nAllowedIPs = 10.{}.{}.{}/32, fd10::{:x}:{:x}/128\n",
             wirelane_proto::base64_key(&key),
             64 + i / 65536,
             (i / 256) % 256,
             i % 256,
-            i
+            i >> 16,
+            i & 0xffff
         ));
     }
     conf
@@ -149,4 +150,23 @@ pub fn table(results: &[PeerLoad], n: usize) -> String {
         ));
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    /// Past 65,536 peers the IPv6 prefixes need a second group: every address of a
+    /// large configuration must parse, and each must be distinct.
+    #[test]
+    fn every_allowed_ip_of_a_large_config_is_valid_and_distinct() {
+        let conf = super::config(70_000, "unused");
+        let mut seen = std::collections::HashSet::new();
+        for line in conf.lines().filter(|l| l.starts_with("AllowedIPs = ")) {
+            for prefix in line["AllowedIPs = ".len()..].split(", ") {
+                let (addr, _) = prefix.split_once('/').expect("a prefix length");
+                let ip: std::net::IpAddr = addr.parse().unwrap_or_else(|e| panic!("{addr}: {e}"));
+                assert!(seen.insert(ip), "{ip} twice");
+            }
+        }
+        assert_eq!(seen.len(), 2 * 70_000);
+    }
 }
