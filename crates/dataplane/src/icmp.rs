@@ -18,6 +18,7 @@
 //! per-host limit (one a second, a burst of six), which the kernel skips for a host's
 //! own addresses: the usual case, a local application's packet.
 
+use crate::inner::checksum;
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Mutex;
@@ -43,27 +44,6 @@ pub fn unreachable(original: &[u8]) -> Option<Vec<u8>> {
         }
         _ => None,
     }
-}
-
-/// Ones' complement sum of `data` (as 16-bit big-endian words), folded.
-fn checksum(parts: &[&[u8]]) -> u16 {
-    let mut sum: u32 = 0;
-    let mut odd: Option<u8> = None;
-    for part in parts {
-        for &b in *part {
-            match odd.take() {
-                Some(hi) => sum += u32::from(u16::from_be_bytes([hi, b])),
-                None => odd = Some(b),
-            }
-        }
-    }
-    if let Some(hi) = odd {
-        sum += u32::from(u16::from_be_bytes([hi, 0]));
-    }
-    while sum > 0xffff {
-        sum = (sum & 0xffff) + (sum >> 16);
-    }
-    !(sum as u16)
 }
 
 fn single_host_v4(a: Ipv4Addr) -> bool {

@@ -113,6 +113,28 @@ pub fn set_ce(pkt: &mut [u8]) -> bool {
     true
 }
 
+/// The Internet checksum (RFC 1071): the ones' complement of the ones' complement sum
+/// of `parts` laid end to end as 16-bit big-endian words (a part may end mid-word).
+pub fn checksum(parts: &[&[u8]]) -> u16 {
+    let mut sum: u32 = 0;
+    let mut odd: Option<u8> = None;
+    for part in parts {
+        for &b in *part {
+            match odd.take() {
+                Some(hi) => sum += u32::from(u16::from_be_bytes([hi, b])),
+                None => odd = Some(b),
+            }
+        }
+    }
+    if let Some(hi) = odd {
+        sum += u32::from(u16::from_be_bytes([hi, 0]));
+    }
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !(sum as u16)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

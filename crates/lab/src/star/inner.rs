@@ -8,6 +8,7 @@
 
 use crate::workload::udp::{check, fill};
 use std::net::Ipv4Addr;
+use wirelane_dataplane::inner::checksum;
 
 pub const IPV4_HEADER: usize = 20;
 pub const UDP_HEADER: usize = 8;
@@ -78,7 +79,7 @@ pub fn write_packet(buf: &mut [u8], total: usize, src: Ipv4Addr, dst: Ipv4Addr, 
     ip[9] = 17;
     ip[12..16].copy_from_slice(&src.octets());
     ip[16..20].copy_from_slice(&dst.octets());
-    let sum = checksum(&[ip], 0);
+    let sum = checksum(&[ip]);
     ip[10..12].copy_from_slice(&sum.to_be_bytes());
 
     let udp = &mut buf[IPV4_HEADER..total];
@@ -98,30 +99,11 @@ pub fn write_packet(buf: &mut [u8], total: usize, src: Ipv4Addr, dst: Ipv4Addr, 
     pseudo[4..8].copy_from_slice(&dst.octets());
     pseudo[9] = 17;
     pseudo[10..12].copy_from_slice(&(udp_len as u16).to_be_bytes());
-    let sum = match checksum(&[&pseudo, udp], 0) {
+    let sum = match checksum(&[&pseudo, udp]) {
         0 => 0xffff, // 0 means "no checksum" in UDP over IPv4
         s => s,
     };
     udp[6..8].copy_from_slice(&sum.to_be_bytes());
-}
-
-/// The Internet checksum (RFC 1071) over `parts` laid end to end (each of even length
-/// but the last), starting from `initial`.
-pub fn checksum(parts: &[&[u8]], initial: u32) -> u16 {
-    let mut sum = initial as u64;
-    for p in parts {
-        let mut chunks = p.chunks_exact(2);
-        for c in &mut chunks {
-            sum += u64::from(u16::from_be_bytes([c[0], c[1]]));
-        }
-        if let [last] = chunks.remainder() {
-            sum += u64::from(*last) << 8;
-        }
-    }
-    while sum > 0xffff {
-        sum = (sum & 0xffff) + (sum >> 16);
-    }
-    !(sum as u16)
 }
 
 /// The padded length WireGuard encrypts for a `len`-byte packet under `mtu`: a multiple
@@ -144,13 +126,13 @@ mod tests {
         };
         write_packet(&mut buf, 1420, peer_inner(999), GATEWAY_INNER, stamp);
         // A valid header sums to zero with its checksum in place.
-        assert_eq!(checksum(&[&buf[..IPV4_HEADER]], 0), 0);
+        assert_eq!(checksum(&[&buf[..IPV4_HEADER]]), 0);
         let mut pseudo = [0u8; 12];
         pseudo[..4].copy_from_slice(&buf[12..16]);
         pseudo[4..8].copy_from_slice(&buf[16..20]);
         pseudo[9] = 17;
         pseudo[10..12].copy_from_slice(&(1400u16).to_be_bytes());
-        assert_eq!(checksum(&[&pseudo, &buf[IPV4_HEADER..]], 0), 0);
+        assert_eq!(checksum(&[&pseudo, &buf[IPV4_HEADER..]]), 0);
         assert_eq!(read_payload(&buf[IPV4_HEADER + UDP_HEADER..]), Some(stamp));
         // Any flipped payload bit is caught.
         buf[700] ^= 4;
