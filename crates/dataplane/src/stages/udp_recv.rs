@@ -41,12 +41,7 @@ pub fn recv_batch(sock: &dyn UdpPort, s: &mut RecvScratch) -> io::Result<Vec<Pac
     s.filled = false;
     let mut out = Vec::new();
     let n = match sock.recv_each(&mut s.batch, &mut |r| {
-        let step = if r.segment > 0 {
-            r.segment
-        } else {
-            r.data.len().max(1)
-        };
-        out.extend(r.data.chunks(step).map(|d| {
+        out.extend(r.datagrams().map(|d| {
             let mut p = Packet::from_datagram(d, r.src, r.local);
             p.rx_time_ns = r.rx_time_ns;
             p.outer_ecn = r.ecn;

@@ -93,6 +93,19 @@ pub struct Received<'a> {
     pub ecn: u8,
 }
 
+impl<'a> Received<'a> {
+    /// The datagrams in `data`, one by one: several when the kernel coalesced them
+    /// (GRO), else the one.
+    pub fn datagrams(&self) -> std::slice::Chunks<'a, u8> {
+        let step = if self.segment > 0 {
+            self.segment
+        } else {
+            self.data.len().max(1)
+        };
+        self.data.chunks(step)
+    }
+}
+
 impl RecvBatch {
     /// `count` buffers of `size` bytes each.
     pub fn new(count: usize, size: usize) -> RecvBatch {

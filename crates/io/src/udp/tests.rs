@@ -109,12 +109,7 @@ fn segmented_send_arrives_as_separate_datagrams() {
         if let Ok(n) = b.recv_batch(&mut batch) {
             for i in 0..n {
                 let r = batch.datagram(i).unwrap();
-                let step = if r.segment > 0 {
-                    r.segment
-                } else {
-                    r.data.len().max(1)
-                };
-                dgrams.extend(r.data.chunks(step).map(<[u8]>::to_vec));
+                dgrams.extend(r.datagrams().map(<[u8]>::to_vec));
             }
         }
     }

@@ -222,12 +222,7 @@ impl Generator {
                 };
                 for k in 0..got {
                     let Some(r) = batch.datagram(k) else { continue };
-                    let step = if r.segment > 0 {
-                        r.segment
-                    } else {
-                        r.data.len().max(1)
-                    };
-                    for d in r.data.chunks(step) {
+                    for d in r.datagrams() {
                         each(self, peer, d);
                     }
                 }

@@ -17,7 +17,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
-use wirelane_io::poll::{wait_readable, Waker};
+use wirelane_io::poll::wait_readable_any;
 use wirelane_io::udp::{socket_drops, RecvBatch, UdpSocket};
 
 /// The sink's receive buffer: deep enough that the sink is never where a saturated
@@ -63,7 +63,6 @@ pub fn sink(
     let mut trackers: Vec<SeqTracker> = (0..peers).map(|_| SeqTracker::default()).collect();
     let mut r = SinkReport::default();
     let mut batch = RecvBatch::new(64, 65536);
-    let never = Waker::new()?;
     let deadline = Instant::now() + limit;
     while Instant::now() < deadline {
         let idle = r.last.is_none_or(|l| l.elapsed() >= quiet);
@@ -73,7 +72,7 @@ pub fn sink(
         let got = match sock.recv_batch(&mut batch) {
             Ok(n) => n,
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                wait_readable(sock.fd(), &never, 20)?;
+                wait_readable_any(sock.fd(), &[], 20)?;
                 continue;
             }
             Err(e) => return Err(e.into()),
@@ -82,12 +81,7 @@ pub fn sink(
         let start = t0.get().copied().filter(|_| paced);
         for k in 0..got {
             let Some(d) = batch.datagram(k) else { continue };
-            let step = if d.segment > 0 {
-                d.segment
-            } else {
-                d.data.len().max(1)
-            };
-            for payload in d.data.chunks(step) {
+            for payload in d.datagrams() {
                 r.received += 1;
                 r.first.get_or_insert(now);
                 r.last = Some(now);
