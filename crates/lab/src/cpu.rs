@@ -66,6 +66,14 @@ impl CoreSplit {
     }
 }
 
+/// The busiest core's busy share minus the idlest one's (0..1), from each core's busy
+/// share: seed 000's imbalance, one core near saturation while the others idle.
+pub fn spread(busy: &[f64]) -> Option<f64> {
+    let max = busy.iter().copied().fold(f64::NAN, f64::max);
+    let min = busy.iter().copied().fold(f64::NAN, f64::min);
+    (!busy.is_empty()).then_some(max - min)
+}
+
 pub fn core_splits(before: &[CoreTicks], after: &[CoreTicks]) -> Vec<CoreSplit> {
     before
         .iter()

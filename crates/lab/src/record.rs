@@ -79,13 +79,10 @@ pub struct RunRecord {
 }
 
 impl CpuReport {
-    /// The busiest core's busy share minus the idlest one's (0..1): seed 000's
-    /// imbalance, one core near saturation while the others idle.
+    /// The busiest core's busy share minus the idlest one's (`cpu::spread`).
     pub fn core_spread(&self) -> Option<f64> {
         let busy: Vec<f64> = self.cores.iter().map(|c| c.busy()).collect();
-        let max = busy.iter().cloned().fold(f64::NAN, f64::max);
-        let min = busy.iter().cloned().fold(f64::NAN, f64::min);
-        (!busy.is_empty()).then_some(max - min)
+        crate::cpu::spread(&busy)
     }
 }
 

@@ -102,6 +102,11 @@ pub struct ReceiveReport {
     pub cpu_s: f64,
 }
 
+/// The length of the transport message that carries a `size`-byte inner packet.
+pub fn message_len(size: usize) -> usize {
+    EmulatedPeer::sealed_len(inner::padded(size, MTU))
+}
+
 /// CPU time of the calling thread, in seconds.
 pub fn thread_cpu_s() -> f64 {
     // SAFETY: clock_gettime writes one timespec we own.
@@ -322,8 +327,7 @@ impl Generator {
     /// scheduled for `total_pps` packets per second in all (None: unlimited), on all
     /// of this machine's cores.
     pub fn seal(&self, per_peer: usize, size: usize, total_pps: Option<f64>) -> Sealed {
-        let padded = inner::padded(size, MTU);
-        let outer_len = EmulatedPeer::sealed_len(padded);
+        let outer_len = message_len(size);
         let max_burst = (GSO_MAX_BYTES / outer_len).clamp(1, GSO_MAX_SEGMENTS);
         let burst = max_burst.min(per_peer.max(1));
         let per_peer = per_peer.max(1).div_ceil(burst) * burst;

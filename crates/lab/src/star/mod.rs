@@ -175,7 +175,7 @@ impl StarSpec {
 
     /// Packets each peer sends in a receive run, within the cap on sealed memory.
     fn per_peer(&self) -> Result<usize> {
-        let outer = EmulatedPeer::sealed_len(inner::padded(self.size, generator::MTU));
+        let outer = generator::message_len(self.size);
         let cap = self.sealed_max_mib << 20;
         match self.offered_pps {
             Some(r) => {
@@ -257,8 +257,7 @@ pub struct StarRecord {
     pub cpu_s_per_gb: Option<f64>,
     /// The AEAD's open-only cost on one core, s per GB, measured in the same run.
     pub aead_floor_s_per_gb: f64,
-    /// Busiest core's busy share minus the idlest one's.
-    pub core_spread: Option<f64>,
+    /// Each core's busy share over the phase.
     pub core_busy: Vec<f64>,
     pub peak_rss_kib: Option<u64>,
     /// wirelane's execution-order signatures and queue figures over the phase.
@@ -280,7 +279,7 @@ pub fn aead_floor(size: usize) -> f64 {
     };
     let sealer = Keypair::new(&keys([7; 32], [9; 32]), Duration::ZERO);
     let opener = Keypair::new(&keys([9; 32], [7; 32]), Duration::ZERO);
-    let len = EmulatedPeer::sealed_len(inner::padded(size, generator::MTU));
+    let len = generator::message_len(size);
     const MESSAGES: usize = 256;
     let mut sealed = vec![0u8; MESSAGES * len];
     for (c, m) in sealed.chunks_exact_mut(len).enumerate() {
@@ -501,13 +500,10 @@ fn measure(which: Impl, spec: &StarSpec, rec: &mut StarRecord) -> Result<()> {
             .sum();
         rec.peak_rss_kib = cpu::peak_rss_kib(pid);
     }
-    let splits = cpu::core_splits(&cores_before, &cores_after);
-    rec.core_busy = splits.iter().map(|c| c.busy()).collect();
-    rec.core_spread = crate::record::CpuReport {
-        cores: splits,
-        ..Default::default()
-    }
-    .core_spread();
+    rec.core_busy = cpu::core_splits(&cores_before, &cores_after)
+        .iter()
+        .map(|c| c.busy())
+        .collect();
 
     match (outcome, sunk, inner_sent) {
         (GeneratorOutcome::Sent(sent, sealed), Some(s), _) => {

@@ -109,7 +109,7 @@ pub fn table(records: &[StarRecord], cpu: &str) -> String {
             fmt(m(&|r| r.peak_rss_kib.map(|k| k as f64 / 1024.0)), 0),
             fmt(m(&|r| r.handshake.to_all_s), 2),
             fmt(m(&|r| Some(r.generator_cores)), 2),
-            fmt(m(&|r| r.core_spread), 2),
+            fmt(m(&|r| crate::cpu::spread(&r.core_busy)), 2),
         ]);
     }
     markdown_table(
