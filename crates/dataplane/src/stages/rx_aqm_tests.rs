@@ -66,6 +66,14 @@ fn sojourn_is_counted_from_the_arrival_time_without_a_controller() {
     assert_eq!((t.hist[12], t.hist[8], t.hist[0]), (1, 1, 1));
 }
 
+/// `judge_all` with an RFC-default controller on every packet of `packets`; the tally
+/// and the indices kept.
+fn judge_rfc(codel: &mut Codel, now: u64, packets: &mut [Packet]) -> (Tally, Vec<(usize, usize)>) {
+    let mut keep = all(packets);
+    let t = judge_all(Some((codel, &CodelParams::RFC)), now, packets, &mut keep);
+    (t, keep)
+}
+
 /// Packets arriving every 100 µs and leaving `wait` later, from `from` to `until`:
 /// when `wait` exceeds 100 µs, each leaves others queued behind it.
 fn run(codel: &mut Codel, tos: u8, wait: u64, from: u64, until: u64) -> Tally {
@@ -74,13 +82,7 @@ fn run(codel: &mut Codel, tos: u8, wait: u64, from: u64, until: u64) -> Tally {
     while now < until {
         let mut packets = vec![received(tos, now - wait, 0)];
         packets[0].queued_behind = wait > 100_000;
-        let mut keep = all(&packets);
-        let t = judge_all(
-            Some((codel, &CodelParams::RFC)),
-            now,
-            &mut packets,
-            &mut keep,
-        );
+        let (t, keep) = judge_rfc(codel, now, &mut packets);
         assert_eq!(keep.is_empty(), t.dropped == 1);
         sum.dropped += t.dropped;
         sum.marked += t.marked;
@@ -128,13 +130,7 @@ fn a_lone_packet_is_no_standing_queue_however_long_it_waited() {
     for k in 1..=5 {
         let now = 100 * MS + k * 200 * MS;
         let mut packets = vec![received(0, now - 160 * MS, 0)];
-        let mut keep = all(&packets);
-        let t = judge_all(
-            Some((&mut codel, &CodelParams::RFC)),
-            now,
-            &mut packets,
-            &mut keep,
-        );
+        let (t, keep) = judge_rfc(&mut codel, now, &mut packets);
         assert_eq!((t.dropped, keep.len()), (0, 1), "lone packet {k}");
     }
 
@@ -155,13 +151,7 @@ fn packets_delivered_together_stand_behind_each_other() {
     assert_eq!(t.dropped, 0);
     let now = 150 * MS;
     let mut packets: Vec<Packet> = (0..3).map(|_| received(0, now - 8 * MS, 0)).collect();
-    let mut keep = all(&packets);
-    let t = judge_all(
-        Some((&mut codel, &CodelParams::RFC)),
-        now,
-        &mut packets,
-        &mut keep,
-    );
+    let (t, keep) = judge_rfc(&mut codel, now, &mut packets);
     assert_eq!(t.dropped, 1);
     assert_eq!(keep.iter().map(|k| k.0).collect::<Vec<_>>(), [1, 2]);
     assert!(!codel.dropping());
