@@ -12,17 +12,20 @@ use std::process::{Child, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
-use wirelane_dataplane::exec::Model;
+use wirelane_dataplane::exec::{Model, MAX_WORKERS};
 use wirelane_dataplane::fq_codel::QueueDiscipline;
 
 /// Which wirelane: this build or another one registered by name (for A/B runs), and
-/// the settings it runs with. Written `wirelane[@BUILD][:MODEL][+QUEUE][+metrics]`.
+/// the settings it runs with. Written `wirelane[@BUILD][:MODEL][/WORKERS][+QUEUE][+metrics]`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
 pub struct Flavor {
     /// Another build, by its index in [`builds`]; None: the one built with this lab.
     pub build: Option<u8>,
     /// The execution model (`--model`); None: the daemon's default.
     pub model: Option<Model>,
+    /// Crypt workers (`--workers`, written `/W`); None: the daemon's default (one per
+    /// core). The model's calibration sweeps it.
+    pub workers: Option<u16>,
     /// The queue discipline (`--queue`: `+fq-codel` or `+fifo`); None: the default.
     pub queue: Option<QueueDiscipline>,
     /// Serving metrics (`--metrics` on loopback), scraped every [`SCRAPE_EVERY`] while
@@ -37,11 +40,16 @@ const METRICS_ADDR: &str = "127.0.0.1:9586";
 pub const SCRAPE_EVERY: Duration = Duration::from_secs(1);
 
 /// The daemon options a wirelane flavor adds to its command line.
-fn flavor_args(which: Impl) -> Vec<&'static str> {
-    let mut args = Vec::new();
+fn flavor_args(which: Impl) -> Vec<String> {
+    let mut args: Vec<&str> = Vec::new();
+    let workers;
     if let Impl::Wirelane(fl) = which {
         if let Some(m) = fl.model {
             args.extend(["--model", m.name()]);
+        }
+        if let Some(w) = fl.workers {
+            workers = w.to_string();
+            args.extend(["--workers", &workers]);
         }
         if let Some(q) = fl.queue {
             args.extend(["--queue", q.name()]);
@@ -50,7 +58,7 @@ fn flavor_args(which: Impl) -> Vec<&'static str> {
             args.extend(["--metrics", METRICS_ADDR]);
         }
     }
-    args
+    args.into_iter().map(String::from).collect()
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -66,6 +74,7 @@ pub enum Impl {
 pub const WIRELANE: Impl = Impl::Wirelane(Flavor {
     build: None,
     model: None,
+    workers: None,
     queue: None,
     scraped: false,
 });
@@ -130,6 +139,9 @@ impl std::fmt::Display for Impl {
                 if let Some(m) = fl.model {
                     write!(f, ":{m}")?;
                 }
+                if let Some(w) = fl.workers {
+                    write!(f, "/{w}")?;
+                }
                 if let Some(q) = fl.queue {
                     write!(f, "+{q}")?;
                 }
@@ -151,7 +163,7 @@ impl std::str::FromStr for Impl {
     fn from_str(s: &str) -> std::result::Result<Self, String> {
         let unknown = || {
             format!(
-                "unknown implementation '{s}' (known: wirelane[@BUILD][:MODEL][+QUEUE][+metrics], \
+                "unknown implementation '{s}' (known: wirelane[@BUILD][:MODEL][/WORKERS][+QUEUE][+metrics], \
                  wireguard-go, boringtun, kernel, none; models: workqueue, threaded, softirq; \
                  queues: fq-codel, fifo)"
             )
@@ -168,6 +180,19 @@ impl std::str::FromStr for Impl {
         };
         let (rest, queue) = match rest.rsplit_once('+') {
             Some((r, q)) => (r, Some(q.parse::<QueueDiscipline>()?)),
+            None => (rest, None),
+        };
+        let (rest, workers) = match rest.rsplit_once('/') {
+            Some((r, w)) => {
+                let n: u16 = w
+                    .parse()
+                    .ok()
+                    .filter(|n| (1..=MAX_WORKERS).contains(&usize::from(*n)))
+                    .ok_or_else(|| {
+                        format!("'{s}': the worker count after '/' must be 1 to {MAX_WORKERS}")
+                    })?;
+                (r, Some(n))
+            }
             None => (rest, None),
         };
         let (rest, model) = match rest.split_once(':') {
@@ -188,6 +213,7 @@ impl std::str::FromStr for Impl {
         Ok(Impl::Wirelane(Flavor {
             build,
             model,
+            workers,
             queue,
             scraped,
         }))
@@ -652,6 +678,8 @@ mod tests {
             "wirelane:threaded+metrics",
             "wirelane+fifo",
             "wirelane:workqueue+fq-codel+metrics",
+            "wirelane:softirq/1",
+            "wirelane/2+fifo",
             "wireguard-go",
             "boringtun",
         ] {
@@ -664,6 +692,7 @@ mod tests {
             Impl::Wirelane(Flavor {
                 scraped: true,
                 model: Some(Model::Workqueue),
+                workers: None,
                 queue: None,
                 build: None
             })
@@ -672,10 +701,10 @@ mod tests {
             flavor_args(scraped),
             ["--model", "workqueue", "--metrics", METRICS_ADDR]
         );
-        let fifo: Impl = "wirelane:threaded+fifo".parse().unwrap();
+        let fifo: Impl = "wirelane:threaded/1+fifo".parse().unwrap();
         assert_eq!(
             flavor_args(fifo),
-            ["--model", "threaded", "--queue", "fifo"]
+            ["--model", "threaded", "--workers", "1", "--queue", "fifo"]
         );
         for bad in [
             "wirelane+",
@@ -683,6 +712,9 @@ mod tests {
             "wirelane:nope",
             "wirelane+lifo",
             "wirelane:threaded+fifo+",
+            "wirelane:threaded/0",
+            "wirelane:threaded/x",
+            "wirelane/99999",
             "wireguard-go+metrics",
         ] {
             assert!(bad.parse::<Impl>().is_err(), "{bad}");
