@@ -12,6 +12,7 @@ pub mod flood;
 pub mod hist;
 pub mod impls;
 pub mod matrix;
+pub mod model;
 pub mod netns;
 pub mod peers;
 pub mod queues;

@@ -153,6 +153,12 @@ enum Cmd {
     /// protocol library with their traffic sealed before the timed phase; sweeps N ×
     /// direction × implementation with interleaved repeats.
     Star(wirelane_lab::star::report::StarArgs),
+    /// A discrete-event model of the pipeline on many cores and peers (MODEL.md): run
+    /// it, calibrate it from star runs, validate it, reproduce seed 000, predict.
+    Model {
+        #[command(subcommand)]
+        cmd: wirelane_lab::model::cli::ModelCmd,
+    },
     /// Robustness scenarios against a wirelane tunnel in fresh namespaces, with figures.
     Robust {
         #[command(subcommand)]
@@ -559,6 +565,7 @@ fn main() -> ExitCode {
     let r = match &cli.cmd {
         Cmd::Generate { kind } => generate(kind),
         Cmd::Star(a) => wirelane_lab::star::report::run_cli(a),
+        Cmd::Model { cmd } => wirelane_lab::model::cli::run_cli(cmd),
         Cmd::Run {
             matrix,
             out,

@@ -270,7 +270,11 @@ pub fn run_cli(a: &StarArgs) -> Result<()> {
 }
 
 /// One line per implementation through its medians at each N, N on a log axis.
-fn line_chart(title: &str, unit: &str, series: &[(String, Vec<(usize, f64)>)]) -> String {
+pub(crate) fn line_chart(
+    title: &str,
+    unit: &str,
+    series: &[(String, Vec<(usize, f64)>)],
+) -> String {
     use crate::report::{esc, svg_open, COLORS};
     use std::fmt::Write as _;
     let (w, h, left, right, top, bottom) = (640.0, 260.0, 60.0, 20.0, 28.0, 210.0);

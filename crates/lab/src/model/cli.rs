@@ -1,0 +1,425 @@
+//! `wirelane-lab model …`: one run, calibration, validation against held-out lab runs,
+//! seed 000's reproduction and the predictions (`studies`). Tables go to stdout as
+//! Markdown; with `--out DIR`, also to DIR/model.md and charts to DIR/model.html.
+
+use super::calibrate::{self, Observation};
+use super::params::{Direction, Params};
+use super::{probe, simulate, Outcome, Scenario};
+use crate::Result;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use wirelane_dataplane::exec::Model;
+
+/// wirelane's parameter set fitted on this project's lab machine (see its provenance).
+pub const WIRELANE_PARAMS: &str = include_str!("../../../../lab/model/wirelane.toml");
+/// The kernel-like parameter set read off seed 000.
+pub const KERNEL_PARAMS: &str = include_str!("../../../../lab/model/kernel-seed000.toml");
+
+/// A built-in set, or the file given.
+pub fn params_or(path: Option<&Path>, builtin: &str) -> Result<Params> {
+    match path {
+        Some(p) => Params::load(p),
+        None => {
+            let p: Params = toml::from_str(builtin)?;
+            p.check()?;
+            Ok(p)
+        }
+    }
+}
+
+#[derive(clap::Subcommand, Debug)]
+pub enum ModelCmd {
+    /// Simulate one run and print what it measured.
+    Run(RunArgs),
+    /// Fit a wirelane parameter set from star runs recorded on this machine (the
+    /// directories' results.jsonl) plus a probe of the scheduling costs; writes TOML.
+    Calibrate {
+        #[arg(required = true)]
+        dirs: Vec<PathBuf>,
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Compare the model with held-out lab runs, cell by cell.
+    Validate {
+        #[arg(long)]
+        params: Option<PathBuf>,
+        #[arg(required = true)]
+        dirs: Vec<PathBuf>,
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// Seed 000's gateway (18 cores, 25 Gbit/s, 25 Mbit/s per client) under the
+    /// kernel-like parameters, against the paper's figures.
+    Seed000 {
+        #[arg(long)]
+        params: Option<PathBuf>,
+        /// Simulated seconds per point.
+        #[arg(long, default_value_t = 2.0)]
+        seconds: f64,
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// wirelane under each model at 4, 16, 32 and 64 cores, 1,000 and 10,000 peers.
+    Predict {
+        #[arg(long)]
+        params: Option<PathBuf>,
+        #[arg(long, default_value_t = 1.0)]
+        seconds: f64,
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+}
+
+#[derive(clap::Args, Debug)]
+pub struct RunArgs {
+    /// Parameter set (TOML); default: wirelane's, or with --kernel the seed-000 set.
+    #[arg(long)]
+    pub params: Option<PathBuf>,
+    #[arg(long, conflicts_with = "params")]
+    pub kernel: bool,
+    #[arg(long, default_value = "workqueue")]
+    pub model: Model,
+    /// Crypt workers (default: one per core).
+    #[arg(long)]
+    pub workers: Option<usize>,
+    /// Cores (default: the parameter set's).
+    #[arg(long)]
+    pub cores: Option<usize>,
+    #[arg(long, default_value_t = 1000)]
+    pub peers: usize,
+    #[arg(long, default_value = "rx")]
+    pub direction: Direction,
+    #[arg(long, default_value_t = 8.0)]
+    pub offered_gbit: f64,
+    #[arg(long, default_value_t = 1420)]
+    pub size: usize,
+    #[arg(long, default_value_t = 8)]
+    pub burst: usize,
+    #[arg(long)]
+    pub poisson: bool,
+    /// Window-limited (TCP-like) peers with this round trip outside the gateway, µs.
+    #[arg(long)]
+    pub tcp_rtt_us: Option<f64>,
+    #[arg(long, default_value_t = 1.0)]
+    pub seconds: f64,
+    #[arg(long, default_value_t = 0.2)]
+    pub warmup: f64,
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Print the whole outcome as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run_cli(cmd: &ModelCmd) -> Result<()> {
+    match cmd {
+        ModelCmd::Run(a) => run_one(a),
+        ModelCmd::Calibrate { dirs, out } => calibrate_cli(dirs, out),
+        ModelCmd::Validate { params, dirs, out } => {
+            validate_cli(params.as_deref(), dirs, out.as_deref())
+        }
+        ModelCmd::Seed000 {
+            params,
+            seconds,
+            out,
+        } => super::studies::seed000_cli(params.as_deref(), *seconds, out.as_deref()),
+        ModelCmd::Predict {
+            params,
+            seconds,
+            out,
+        } => super::studies::predict_cli(params.as_deref(), *seconds, out.as_deref()),
+    }
+}
+
+fn run_one(a: &RunArgs) -> Result<()> {
+    let builtin = if a.kernel {
+        KERNEL_PARAMS
+    } else {
+        WIRELANE_PARAMS
+    };
+    let mut p = params_or(a.params.as_deref(), builtin)?;
+    if let Some(c) = a.cores {
+        p.platform.cores = c;
+    }
+    let sc = Scenario {
+        model: a.model,
+        workers: a.workers.unwrap_or(p.platform.cores),
+        peers: a.peers,
+        direction: a.direction,
+        size: a.size,
+        offered_gbit: a.offered_gbit,
+        burst: a.burst,
+        poisson: a.poisson,
+        tcp_rtt_us: a.tcp_rtt_us,
+        seconds: a.seconds,
+        warmup_s: a.warmup,
+        seed: a.seed,
+    };
+    let started = std::time::Instant::now();
+    let o = simulate(&p, &sc)?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&o)?);
+        return Ok(());
+    }
+    let wall = started.elapsed().as_secs_f64();
+    println!(
+        "{} cores, {} {} workers, {} peers, {}: offered {:.2} Gbit/s, goodput {:.2} Gbit/s, \
+         {:.2} CPU-s/GB, {:.1} packets/poll ({:.0}% empty), delay p50/p99/p99.9 {:.0}/{:.0}/{:.0} µs",
+        p.platform.cores,
+        sc.workers,
+        sc.model,
+        sc.peers,
+        sc.direction.name(),
+        o.offered_gbit,
+        o.goodput_gbit,
+        o.cpu_s_per_gb,
+        o.packets_per_poll,
+        o.empty_share * 100.0,
+        o.latency_p50_us,
+        o.latency_p99_us,
+        o.latency_p999_us
+    );
+    println!("core busy: {}", percents(&o.core_busy));
+    println!("core busy at high priority: {}", percents(&o.core_high));
+    println!(
+        "packets per poll by core: {}",
+        fixed(&o.core_packets_per_poll, 1)
+    );
+    println!(
+        "drops: host {} socket {} crypt ring {} peer queue {}; {} threads; {} events in {wall:.2} s",
+        o.drops.host, o.drops.socket, o.drops.crypt_ring, o.drops.peer_queue, o.threads, o.events
+    );
+    Ok(())
+}
+
+pub fn percents(v: &[f64]) -> String {
+    v.iter()
+        .map(|x| format!("{:.0}%", x * 100.0))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn fixed(v: &[f64], digits: usize) -> String {
+    v.iter()
+        .map(|x| format!("{x:.digits$}"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn load_observations(dirs: &[PathBuf]) -> Result<(Vec<Observation>, String)> {
+    let sets = crate::report::load_sets(dirs)?;
+    let records: Vec<_> = sets.into_values().flatten().collect();
+    let cpu = records
+        .first()
+        .map_or_else(String::new, |r| r.env.cpu_model.clone());
+    let obs = calibrate::observations(&records);
+    if obs.is_empty() {
+        return Err("no wirelane star runs with signatures in these results".into());
+    }
+    Ok((obs, cpu))
+}
+
+fn calibrate_cli(dirs: &[PathBuf], out: &Path) -> Result<()> {
+    let (obs, cpu) = load_observations(dirs)?;
+    let sched = probe::measure()?;
+    let mut provenance = vec![
+        format!(
+            "Fitted by `wirelane-lab model calibrate` on {}",
+            crate::record::now_rfc3339()
+        ),
+        format!("CPU: {cpu}, {} cores", obs[0].cores),
+        format!(
+            "{} runs from: {}",
+            obs.len(),
+            dirs.iter()
+                .map(|d| d.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        "sched: measured by the probe (model/probe.rs) on the same machine".into(),
+        "fixed: reader_batch_ns, crypt_packet_ns and serial_batch_ns are 0 (their sums are \
+         in reader_packet_ns, serial_packet_ns and crypt_item_ns); host_packet_ns is 0 (the \
+         host's delivery is charged to the generator's threads, part of background_share)"
+            .into(),
+    ];
+    provenance.push(format!(
+        "cells: {}",
+        obs.iter()
+            .map(|o| format!(
+                "{}/{} N={} {}",
+                o.model,
+                o.workers,
+                o.peers,
+                o.direction.name()
+            ))
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect::<Vec<_>>()
+            .join("; ")
+    ));
+    let params = calibrate::fit(&obs, sched, provenance)?;
+    std::fs::write(out, params.to_toml()?)?;
+    println!("{}", params.to_toml()?);
+    println!("written: {}", out.display());
+    Ok(())
+}
+
+/// The median of each figure over a validation cell's runs.
+struct CellFigures {
+    goodput: f64,
+    cpu: f64,
+    ppp: f64,
+    n: usize,
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+/// The scenario the lab ran for an observation: the star generator sends each peer's
+/// packets in GSO runs of up to 45 (64 KiB of 1,452-byte datagrams); the transmit
+/// sender rotates over peers packet by packet. Unlimited transmit is offered 20 Gbit/s.
+pub fn lab_scenario(o: &Observation, seconds: f64) -> Scenario {
+    let burst = match o.direction {
+        Direction::Rx => 45,
+        Direction::Tx => 1,
+    };
+    Scenario {
+        model: o.model,
+        workers: o.workers,
+        peers: o.peers,
+        direction: o.direction,
+        size: o.size,
+        offered_gbit: o.offered_gbit.unwrap_or(20.0),
+        burst,
+        poisson: false,
+        tcp_rtt_us: None,
+        seconds,
+        warmup_s: seconds / 5.0,
+        seed: 1,
+    }
+}
+
+/// One validation row: the cell, the lab's medians, the model's figures, the errors.
+pub struct Row {
+    pub cell: String,
+    pub lab: (f64, f64, f64),
+    pub model: (f64, f64, f64),
+    pub runs: usize,
+}
+
+impl Row {
+    pub fn errors(&self) -> (f64, f64, f64) {
+        let e = |m: f64, l: f64| (m / l - 1.0) * 100.0;
+        (
+            e(self.model.0, self.lab.0),
+            e(self.model.1, self.lab.1),
+            e(self.model.2, self.lab.2),
+        )
+    }
+}
+
+pub fn validate(params: &Params, obs: &[Observation], seconds: f64) -> Result<Vec<Row>> {
+    let mut cells: std::collections::BTreeMap<
+        (String, usize, usize, Direction),
+        (Observation, CellFigures, Vec<[f64; 3]>),
+    > = Default::default();
+    for o in obs {
+        let key = (o.model.to_string(), o.workers, o.peers, o.direction);
+        let e = cells.entry(key).or_insert_with(|| {
+            (
+                o.clone(),
+                CellFigures {
+                    goodput: 0.0,
+                    cpu: 0.0,
+                    ppp: 0.0,
+                    n: 0,
+                },
+                Vec::new(),
+            )
+        });
+        e.2.push([o.goodput_gbit, o.cpu_s_per_gb, o.packets_per_poll()]);
+    }
+    let mut rows = Vec::new();
+    for ((model, workers, peers, dir), (o, mut f, runs)) in cells {
+        let col = |i: usize| runs.iter().map(|r| r[i]).collect::<Vec<_>>();
+        f.goodput = median(&mut col(0));
+        f.cpu = median(&mut col(1));
+        f.ppp = median(&mut col(2));
+        f.n = runs.len();
+        let mut p = params.clone();
+        p.platform.cores = o.cores;
+        let out: Outcome = simulate(&p, &lab_scenario(&o, seconds))?;
+        rows.push(Row {
+            cell: format!("{model}/{workers} N={peers} {}", dir.name()),
+            lab: (f.goodput, f.cpu, f.ppp),
+            model: (out.goodput_gbit, out.cpu_s_per_gb, out.packets_per_poll),
+            runs: f.n,
+        });
+    }
+    Ok(rows)
+}
+
+pub fn validation_table(rows: &[Row], cpu: &str) -> String {
+    let mut s = format!(
+        "Validation against held-out lab runs (CPU: {cpu}; lab figures are medians of the runs \
+         shown; error = model / lab − 1)\n\n\
+         | cell | runs | goodput lab | model | err | CPU-s/GB lab | model | err | pkts/poll lab | model | err |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|\n"
+    );
+    let mut worst = (0.0f64, 0.0f64, 0.0f64);
+    for r in rows {
+        let (eg, ec, ep) = r.errors();
+        worst = (
+            worst.0.max(eg.abs()),
+            worst.1.max(ec.abs()),
+            worst.2.max(ep.abs()),
+        );
+        let _ = writeln!(
+            s,
+            "| {} | {} | {:.2} | {:.2} | {:+.0}% | {:.2} | {:.2} | {:+.0}% | {:.1} | {:.1} | {:+.0}% |",
+            r.cell, r.runs, r.lab.0, r.model.0, eg, r.lab.1, r.model.1, ec, r.lab.2, r.model.2, ep
+        );
+    }
+    let within = |limit: f64, i: usize| {
+        rows.iter()
+            .filter(|r| {
+                let e = r.errors();
+                [e.0, e.1, e.2][i].abs() <= limit
+            })
+            .count()
+    };
+    let _ = writeln!(
+        s,
+        "\nWithin bounds: goodput {}/{} (±15%), CPU per GB {}/{} (±15%), packets per poll {}/{} (±25%). \
+         Worst errors: {:.0}%, {:.0}%, {:.0}%.",
+        within(15.0, 0),
+        rows.len(),
+        within(15.0, 1),
+        rows.len(),
+        within(25.0, 2),
+        rows.len(),
+        worst.0,
+        worst.1,
+        worst.2
+    );
+    s
+}
+
+fn validate_cli(params: Option<&Path>, dirs: &[PathBuf], out: Option<&Path>) -> Result<()> {
+    let p = params_or(params, WIRELANE_PARAMS)?;
+    let (obs, cpu) = load_observations(dirs)?;
+    let rows = validate(&p, &obs, 0.5)?;
+    let table = validation_table(&rows, &cpu);
+    print!("{table}");
+    if let Some(dir) = out {
+        std::fs::create_dir_all(dir)?;
+        std::fs::write(dir.join("validation.md"), &table)?;
+    }
+    Ok(())
+}

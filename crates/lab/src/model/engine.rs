@@ -1,0 +1,464 @@
+//! The simulation's scheduler: cores, the threads (contexts) that run on them, and the
+//! event loop. Flow: an event (a step ending, a wake-up, a burst arriving) changes the
+//! pipeline's state (`pipeline`), which may make contexts runnable; a core that is free
+//! takes its next context (high priority first, then normal in FIFO order) and asks it
+//! for its next step; the step's effects apply when it ends.
+//!
+//! The rules, as on Linux:
+//! - A high-priority context (softirq, a SCHED_FIFO poller) preempts a normal one on
+//!   its core at once; the preempted step resumes later, `preempt_ns` dearer.
+//! - Normal contexts on one core share it in time slices: after a step, a context that
+//!   has used `timeslice_ns` yields to the next runnable one.
+//! - A woken context that is not pinned goes to its last core if that core is idle,
+//!   else to any idle core (a migration, if it had run elsewhere), else to the core
+//!   with the shortest run queue.
+//! - Waking a sleeping thread costs the waker `wakeup_ns` and the wakee
+//!   `wakeup_latency_ns`; a core switching threads pays `switch_ns`. Raising the
+//!   softirq of a core is free and immediate (it is an interrupt or a flag).
+//!
+//! Invariant: a core runs at most one step at a time, and a context is in exactly one
+//! of: sleeping, waking, queued on one core, running on one core.
+
+use super::pipeline::{Pipeline, Work};
+use super::source::{Schedule, Window};
+use super::{Outcome, Scenario};
+use crate::hist::Histogram;
+use crate::model::params::Params;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
+
+pub type Ns = u64;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Prio {
+    High,
+    Normal,
+}
+
+/// What a context is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// The host's softirq on a core: its host queue and, where the reader stage runs in
+    /// softirq (the kernel), the peers' NAPI polls.
+    Softirq(usize),
+    /// wirelane's `softirq`-model poller number i (pinned, high priority).
+    Poller(usize),
+    Reader(usize),
+    Worker(usize),
+    /// A `threaded`-model serial thread, by index.
+    SerialThread(usize),
+    /// Other work on a core (the load generator on this machine).
+    Background(usize),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum State {
+    Sleeping,
+    Waking,
+    Queued,
+    Running,
+}
+
+pub struct Ctx {
+    pub role: Role,
+    pub prio: Prio,
+    pub pinned: Option<usize>,
+    pub state: State,
+    pub last_core: Option<usize>,
+    /// A preempted step and its remaining cost.
+    pub resume: Option<(Work, f64)>,
+    /// Wake-ups this context paid for, added to its next step.
+    pub debt_ns: f64,
+    pub busy_ns: u64,
+    /// Softirq and pollers: packets handled since the run began.
+    pub run_packets: usize,
+    /// A serial drain this context is in the middle of (its next step continues it).
+    pub continuation: Option<u32>,
+}
+
+struct Running {
+    ctx: usize,
+    work: Work,
+    prio: Prio,
+    started: Ns,
+}
+
+#[derive(Default)]
+pub struct Core {
+    running: Option<Running>,
+    high: VecDeque<usize>,
+    normal: VecDeque<usize>,
+    epoch: u64,
+    last_ctx: Option<usize>,
+    slice_start: Ns,
+    /// Set while a finished step's effects apply, so that they do not start another.
+    finishing: bool,
+    pub busy_high_ns: u64,
+    pub busy_normal_ns: u64,
+    pub invocations: u64,
+    pub serial_packets: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Event {
+    StepEnd { core: usize, epoch: u64 },
+    Wake(usize),
+    Acked { peer: u32, packets: u32 },
+    Lost { peer: u32, packets: u32 },
+    Background(usize),
+}
+
+/// Scheduling counters.
+#[derive(Debug, Clone, Default)]
+pub struct SchedCounts {
+    pub wakeups: u64,
+    pub switches: u64,
+    pub involuntary: u64,
+    pub migrations: u64,
+    pub preemptions: u64,
+    pub events: u64,
+}
+
+/// How often background work claims its share of a core.
+const BACKGROUND_PERIOD_NS: Ns = 1_000_000;
+
+pub struct Sim {
+    pub now: Ns,
+    pub end: Ns,
+    pub warmup: Ns,
+    pub params: Params,
+    pub scenario: Scenario,
+    heap: BinaryHeap<Reverse<(Ns, u64, Event)>>,
+    seq: u64,
+    pub cores: Vec<Core>,
+    /// When each core's running step ends.
+    step_end: Vec<Ns>,
+    pub ctxs: Vec<Ctx>,
+    pub pipe: Pipeline,
+    schedule: Schedule,
+    /// Windowed peers (TCP-like), when the scenario has them.
+    pub windows: Vec<Window>,
+    pub rtt: Ns,
+    pub counts: SchedCounts,
+    pub latency: Histogram,
+    background_pending: Vec<f64>,
+}
+
+impl Sim {
+    pub(super) fn new(params: Params, scenario: Scenario, schedule: Schedule) -> Sim {
+        let cores = params.platform.cores;
+        let end = (scenario.seconds * 1e9) as Ns;
+        let warmup = (scenario.warmup_s * 1e9) as Ns;
+        let rtt = scenario.tcp_rtt_us.map_or(0, |us| (us * 1e3) as Ns);
+        let windows = if scenario.tcp_rtt_us.is_some() {
+            vec![Window::default(); scenario.peers]
+        } else {
+            Vec::new()
+        };
+        let mut sim = Sim {
+            now: 0,
+            end,
+            warmup,
+            pipe: Pipeline::new(&params, &scenario),
+            params,
+            scenario,
+            heap: BinaryHeap::new(),
+            seq: 0,
+            cores: (0..cores).map(|_| Core::default()).collect(),
+            step_end: vec![0; cores],
+            ctxs: Vec::new(),
+            schedule,
+            windows,
+            rtt,
+            counts: SchedCounts::default(),
+            latency: Histogram::default(),
+            background_pending: vec![0.0; cores],
+        };
+        sim.pipe
+            .spawn_contexts(&mut sim.ctxs, &sim.params, &sim.scenario);
+        if sim.params.platform.background_share > 0.0 {
+            for c in 0..cores {
+                sim.push(0, Event::Background(c));
+            }
+        }
+        sim
+    }
+
+    pub fn push(&mut self, at: Ns, ev: Event) {
+        self.seq += 1;
+        self.heap.push(Reverse((at, self.seq, ev)));
+    }
+
+    /// Runs the simulation to its end and gathers the outcome.
+    pub fn run(mut self) -> Outcome {
+        loop {
+            let t_src = self.schedule.peek();
+            let t_ev = self.heap.peek().map_or(Ns::MAX, |Reverse((t, _, _))| *t);
+            let t = t_src.min(t_ev);
+            if t > self.end {
+                break;
+            }
+            self.now = t;
+            self.counts.events += 1;
+            if t_src <= t_ev {
+                let (_, peer) = self.schedule.pop();
+                self.app_send(peer);
+                continue;
+            }
+            let Some(Reverse((_, _, ev))) = self.heap.pop() else {
+                break;
+            };
+            match ev {
+                Event::StepEnd { core, epoch } if self.cores[core].epoch == epoch => {
+                    self.finish_step(core)
+                }
+                Event::StepEnd { .. } => {}
+                Event::Wake(ctx) => self.enqueue(ctx),
+                Event::Acked { peer, packets } => {
+                    let n = self.windows[peer as usize].acked(packets);
+                    self.inject(peer, n);
+                }
+                Event::Lost { peer, packets } => {
+                    let n = self.windows[peer as usize].lost(packets, self.now, self.rtt);
+                    self.inject(peer, n);
+                }
+                Event::Background(core) => {
+                    self.background_pending[core] +=
+                        self.params.platform.background_share * BACKGROUND_PERIOD_NS as f64;
+                    let ctx = self.pipe.background_ctx[core];
+                    self.raise(ctx);
+                    self.push(self.now + BACKGROUND_PERIOD_NS, Event::Background(core));
+                }
+            }
+        }
+        self.now = self.end;
+        for core in 0..self.cores.len() {
+            if let Some(r) = self.cores[core].running.take() {
+                self.account(core, r.ctx, r.prio, r.started);
+            }
+        }
+        super::outcome::gather(&self)
+    }
+
+    /// A peer's application has a burst ready: open-loop peers send it whole.
+    fn app_send(&mut self, peer: u32) {
+        let burst = self.scenario.burst as u32;
+        let n = match self.windows.get_mut(peer as usize) {
+            Some(w) => w.offer(burst),
+            None => burst,
+        };
+        self.inject(peer, n);
+    }
+
+    fn inject(&mut self, peer: u32, n: u32) {
+        if n > 0 {
+            let now = self.now;
+            Pipeline::arrive(self, peer, n, now);
+        }
+    }
+
+    /// Work that a background context has pending on `core`, taken.
+    pub fn take_background(&mut self, core: usize) -> f64 {
+        std::mem::take(&mut self.background_pending[core])
+    }
+
+    /// Makes a sleeping context runnable at once (a raised softirq, background work).
+    pub fn raise(&mut self, ctx: usize) {
+        if self.ctxs[ctx].state == State::Sleeping {
+            self.enqueue(ctx);
+        }
+    }
+
+    /// Wakes a sleeping thread: the waker (if any) pays for it, and the wakee becomes
+    /// runnable after the wake-up latency.
+    pub fn wake(&mut self, ctx: usize, waker: Option<usize>) {
+        if self.ctxs[ctx].state != State::Sleeping {
+            return;
+        }
+        let s = &self.params.sched;
+        if let Some(w) = waker {
+            self.ctxs[w].debt_ns += s.wakeup_ns;
+        }
+        self.counts.wakeups += 1;
+        self.ctxs[ctx].state = State::Waking;
+        let at = self.now + s.wakeup_latency_ns as Ns;
+        self.push(at, Event::Wake(ctx));
+    }
+
+    fn core_idle(&self, c: usize) -> bool {
+        let core = &self.cores[c];
+        core.running.is_none() && core.high.is_empty() && core.normal.is_empty()
+    }
+
+    fn place(&self, ctx: usize) -> usize {
+        let c = &self.ctxs[ctx];
+        if let Some(p) = c.pinned {
+            return p;
+        }
+        let n = self.cores.len();
+        let last = c.last_core.unwrap_or(ctx % n);
+        if self.core_idle(last) {
+            return last;
+        }
+        if let Some(idle) = (1..n).map(|i| (last + i) % n).find(|&i| self.core_idle(i)) {
+            return idle;
+        }
+        (0..n)
+            .map(|i| (last + i) % n)
+            .min_by_key(|&i| self.cores[i].normal.len() + self.cores[i].high.len())
+            .unwrap_or(last)
+    }
+
+    /// Puts a runnable context on a core's run queue, preempting a normal step there if
+    /// it has high priority.
+    fn enqueue(&mut self, ctx: usize) {
+        let core = self.place(ctx);
+        self.ctxs[ctx].state = State::Queued;
+        let prio = self.ctxs[ctx].prio;
+        match prio {
+            Prio::High => self.cores[core].high.push_back(ctx),
+            Prio::Normal => self.cores[core].normal.push_back(ctx),
+        }
+        let preempt = prio == Prio::High
+            && !self.cores[core].finishing
+            && self.cores[core]
+                .running
+                .as_ref()
+                .is_some_and(|r| r.prio == Prio::Normal);
+        if preempt {
+            self.preempt(core);
+        }
+        self.dispatch(core);
+    }
+
+    fn preempt(&mut self, core: usize) {
+        let Some(r) = self.cores[core].running.take() else {
+            return;
+        };
+        self.cores[core].epoch += 1;
+        self.counts.preemptions += 1;
+        let ends = self.step_end[core];
+        self.account(core, r.ctx, r.prio, r.started);
+        let remaining = ends.saturating_sub(self.now) as f64 + self.params.sched.preempt_ns;
+        let c = &mut self.ctxs[r.ctx];
+        c.resume = Some((r.work, remaining));
+        c.state = State::Queued;
+        self.cores[core].normal.push_front(r.ctx);
+    }
+
+    /// Charges a step's time to its core and context, within the measured interval.
+    fn account(&mut self, core: usize, ctx: usize, prio: Prio, started: Ns) {
+        let from = started.max(self.warmup);
+        if self.now <= from {
+            return;
+        }
+        let d = self.now - from;
+        match prio {
+            Prio::High => self.cores[core].busy_high_ns += d,
+            Prio::Normal => self.cores[core].busy_normal_ns += d,
+        }
+        self.ctxs[ctx].busy_ns += d;
+    }
+
+    /// Starts the next step on a free core, if any context there has one.
+    fn dispatch(&mut self, core: usize) {
+        if self.cores[core].finishing {
+            return;
+        }
+        while self.cores[core].running.is_none() {
+            let c = &mut self.cores[core];
+            let local = c.high.pop_front().or_else(|| c.normal.pop_front());
+            let Some(ctx) = local.or_else(|| self.pull(core)) else {
+                return;
+            };
+            let step = match self.ctxs[ctx].resume.take() {
+                Some(s) => Some(s),
+                None => Pipeline::next_step(self, ctx),
+            };
+            let Some((work, cost)) = step else {
+                self.sleep(ctx);
+                continue;
+            };
+            let s = &self.params.sched;
+            let mut cost = cost + std::mem::take(&mut self.ctxs[ctx].debt_ns);
+            if self.cores[core].last_ctx != Some(ctx) {
+                cost += s.switch_ns;
+                self.counts.switches += 1;
+                self.cores[core].slice_start = self.now;
+                self.cores[core].last_ctx = Some(ctx);
+            }
+            if self.ctxs[ctx].last_core.is_some_and(|l| l != core) {
+                cost += s.migration_ns;
+                self.counts.migrations += 1;
+            }
+            let c = &mut self.ctxs[ctx];
+            c.state = State::Running;
+            c.last_core = Some(core);
+            let prio = c.prio;
+            let ends = self.now + cost.max(0.0).round() as Ns;
+            self.step_end[core] = ends;
+            self.cores[core].running = Some(Running {
+                ctx,
+                work,
+                prio,
+                started: self.now,
+            });
+            let epoch = self.cores[core].epoch;
+            self.push(ends, Event::StepEnd { core, epoch });
+        }
+    }
+
+    /// Idle balancing: a core with nothing to run takes a waiting thread that is not
+    /// pinned from the core with the longest run queue, as Linux's newidle balance does.
+    fn pull(&mut self, core: usize) -> Option<usize> {
+        let n = self.cores.len();
+        let from = (1..n)
+            .map(|i| (core + i) % n)
+            .filter(|&j| {
+                self.cores[j]
+                    .normal
+                    .iter()
+                    .any(|&x| self.ctxs[x].pinned.is_none())
+            })
+            .max_by_key(|&j| self.cores[j].normal.len())?;
+        let q = &mut self.cores[from].normal;
+        let i = q.iter().rposition(|&x| self.ctxs[x].pinned.is_none())?;
+        q.remove(i)
+    }
+
+    fn sleep(&mut self, ctx: usize) {
+        let c = &mut self.ctxs[ctx];
+        c.state = State::Sleeping;
+        if matches!(c.role, Role::Softirq(_) | Role::Poller(_)) {
+            // A softirq run ends: the next one starts at high priority again.
+            c.prio = Prio::High;
+            c.run_packets = 0;
+        }
+    }
+
+    fn finish_step(&mut self, core: usize) {
+        let Some(r) = self.cores[core].running.take() else {
+            return;
+        };
+        self.account(core, r.ctx, r.prio, r.started);
+        self.cores[core].finishing = true;
+        Pipeline::complete(self, r.ctx, r.work, core);
+        self.cores[core].finishing = false;
+        let ctx = r.ctx;
+        let slice_used = self.now - self.cores[core].slice_start;
+        let timeslice = self.params.sched.timeslice_ns as Ns;
+        let c = &mut self.cores[core];
+        self.ctxs[ctx].state = State::Queued;
+        match self.ctxs[ctx].prio {
+            Prio::High => c.high.push_front(ctx),
+            Prio::Normal if !c.high.is_empty() => c.normal.push_front(ctx),
+            Prio::Normal if !c.normal.is_empty() && slice_used >= timeslice => {
+                self.counts.involuntary += 1;
+                c.normal.push_back(ctx);
+            }
+            Prio::Normal => c.normal.push_front(ctx),
+        }
+        // If another context runs now, `dispatch` pays the switch and starts its slice.
+        self.dispatch(core);
+    }
+}

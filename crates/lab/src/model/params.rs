@@ -1,0 +1,225 @@
+//! The model's parameters: the platform (cores, how the host delivers packets, queue
+//! limits), what each pipeline stage costs per direction, and what scheduling costs.
+//! A parameter set is a TOML file with its provenance: `lab/model/*.toml`. The
+//! wirelane sets are fitted by `model calibrate` from lab runs; the kernel set is read
+//! off seed 000, line by line (see `lab/model/kernel-seed000.toml`).
+
+use crate::Result;
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+
+/// Which way the traffic goes through the gateway.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
+#[serde(rename_all = "lowercase")]
+pub enum Direction {
+    /// Peers → gateway: decapsulate/classify, decrypt, serial delivery to the TUN.
+    Rx,
+    /// Gateway → peers: TUN read and route, encrypt, serial flush to the UDP socket.
+    Tx,
+}
+
+impl Direction {
+    pub fn name(self) -> &'static str {
+        match self {
+            Direction::Rx => "rx",
+            Direction::Tx => "tx",
+        }
+    }
+}
+
+impl std::str::FromStr for Direction {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "rx" => Ok(Direction::Rx),
+            "tx" => Ok(Direction::Tx),
+            _ => Err(format!("unknown direction '{s}' (rx or tx)")),
+        }
+    }
+}
+
+/// What one direction's stages cost, in nanoseconds of one core.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StageCosts {
+    /// The host's own delivery of a packet to the daemon (softirq: NIC or veth, UDP
+    /// socket; or the TUN path), charged outside the daemon.
+    pub host_packet_ns: f64,
+    /// Reader stage: per read batch and per packet (RX: decapsulate and classify by
+    /// receiver index; TX: route by AllowedIPs and assign the nonce).
+    pub reader_batch_ns: f64,
+    pub reader_packet_ns: f64,
+    /// Crypt stage: per item, per packet and per byte (decrypt or encrypt).
+    pub crypt_item_ns: f64,
+    pub crypt_packet_ns: f64,
+    pub crypt_byte_ns: f64,
+    /// Serial stage (RX: replay check, coalesce, TUN write; TX: UDP send): per
+    /// invocation, per batch drained and per packet.
+    pub serial_invocation_ns: f64,
+    pub serial_batch_ns: f64,
+    pub serial_packet_ns: f64,
+}
+
+/// What scheduling costs, in nanoseconds.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SchedCosts {
+    /// CPU the waker spends waking a sleeping thread (futex wake, IPI).
+    pub wakeup_ns: f64,
+    /// From the wake-up until the woken thread can run.
+    pub wakeup_latency_ns: f64,
+    /// A core switching from one thread to another.
+    pub switch_ns: f64,
+    /// A thread resuming on another core than last time (cold caches).
+    pub migration_ns: f64,
+    /// What a preemption costs the preempted item when it resumes.
+    pub preempt_ns: f64,
+    /// How long a thread keeps its core while others of its priority wait.
+    pub timeslice_ns: f64,
+}
+
+/// Who runs the crypt stage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Pool {
+    /// wirelane: one FIFO shared by floating workers (`workqueue`, `threaded`); the
+    /// `softirq` model still pins a worker per core and deals items round robin.
+    Shared,
+    /// The kernel: a bound worker per core, items dealt round robin over the cores,
+    /// and work queued from a core runs on that core.
+    PerCore,
+}
+
+/// The host and the daemon's fixed arrangement.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Platform {
+    pub cores: usize,
+    pub pool: Pool,
+    /// Reader threads (wirelane: one per socket or TUN queue). 0: the reader stage runs
+    /// in the host's softirq, as the kernel's receive path does.
+    pub reader_threads: usize,
+    /// Whether the reader gathers a batch's packets per peer into one crypt item
+    /// (wirelane) or queues every packet alone (the kernel's per-packet ring).
+    pub group_by_peer: bool,
+    /// Packets one read takes at most.
+    pub reader_batch: usize,
+    /// Packets one poll of a peer's serial stage takes at most in the `softirq` model
+    /// (NAPI's weight), and one poll of a host queue.
+    pub poll_budget: usize,
+    /// Packets a softirq run handles at high priority before the rest waits at normal
+    /// priority (`netdev_budget`; wirelane's `SOFTIRQ_PACKETS`).
+    pub softirq_budget: usize,
+    /// Capacity of each host queue (NIC ring, or the per-core backlog of veth), packets.
+    pub host_queue_packets: usize,
+    /// Capacity of each reader's socket (or TUN) queue, packets; 0 when the reader runs
+    /// in softirq.
+    pub socket_packets: usize,
+    /// The device-wide crypt queue's capacity, packets (the kernel's 1,024); 0: none.
+    pub crypt_ring_packets: usize,
+    /// Each peer's ordered queue, packets.
+    pub peer_queue_packets: usize,
+    /// Packets in flight between reader and serial stage over all peers before the
+    /// reader waits for room (wirelane's receive budget); 0: no such bound.
+    pub inflight_packets: usize,
+    /// Most serial threads the `threaded` model starts; past it peers share them.
+    pub serial_threads_max: usize,
+    /// Extra share of the first host queue over the others (RSS hash imbalance): 1.0
+    /// gives it twice the packets of each other queue.
+    pub rss_skew: f64,
+    /// The link's rate, Gbit/s: offered load above it never reaches the host. 0: none.
+    pub line_gbit: f64,
+    /// Share of each core taken by other work (the load generator on this machine).
+    pub background_share: f64,
+}
+
+/// A whole parameter set.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Params {
+    /// Where these figures come from: the machine, the runs, the fit.
+    pub provenance: Vec<String>,
+    pub platform: Platform,
+    pub sched: SchedCosts,
+    pub rx: StageCosts,
+    pub tx: StageCosts,
+}
+
+impl Params {
+    pub fn costs(&self, dir: Direction) -> &StageCosts {
+        match dir {
+            Direction::Rx => &self.rx,
+            Direction::Tx => &self.tx,
+        }
+    }
+
+    pub fn load(path: &Path) -> Result<Params> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read parameters {}: {e}", path.display()))?;
+        let p: Params =
+            toml::from_str(&text).map_err(|e| format!("parameters {}: {e}", path.display()))?;
+        p.check()
+            .map_err(|e| format!("parameters {}: {e}", path.display()))?;
+        Ok(p)
+    }
+
+    pub fn to_toml(&self) -> Result<String> {
+        Ok(toml::to_string_pretty(self)?)
+    }
+
+    /// Rejects sets the simulation cannot run: no cores, negative or non-finite costs,
+    /// zero-sized batches.
+    pub fn check(&self) -> std::result::Result<(), String> {
+        let p = &self.platform;
+        if !(1..=4096).contains(&p.cores) {
+            return Err(format!("cores must be 1 to 4096, not {}", p.cores));
+        }
+        if p.reader_batch == 0 || p.poll_budget == 0 || p.softirq_budget == 0 {
+            return Err("reader_batch, poll_budget and softirq_budget must be at least 1".into());
+        }
+        if p.peer_queue_packets == 0 || p.host_queue_packets == 0 {
+            return Err("peer_queue_packets and host_queue_packets must be at least 1".into());
+        }
+        if p.reader_threads > 0 && p.socket_packets == 0 {
+            return Err("socket_packets must be at least 1 when reader_threads > 0".into());
+        }
+        if p.serial_threads_max == 0 {
+            return Err("serial_threads_max must be at least 1".into());
+        }
+        if !(0.0..0.95).contains(&p.background_share) {
+            return Err("background_share must be in [0, 0.95)".into());
+        }
+        let finite = |v: f64| v.is_finite() && v >= 0.0;
+        if !(finite(p.rss_skew) && finite(p.line_gbit)) {
+            return Err("rss_skew and line_gbit must be finite and ≥ 0".into());
+        }
+        let s = &self.sched;
+        let sched = [
+            s.wakeup_ns,
+            s.wakeup_latency_ns,
+            s.switch_ns,
+            s.migration_ns,
+            s.preempt_ns,
+        ];
+        if !sched.into_iter().all(finite) || !(s.timeslice_ns.is_finite() && s.timeslice_ns > 0.0) {
+            return Err("scheduling costs must be finite and ≥ 0, the time slice > 0".into());
+        }
+        for (dir, c) in [("rx", &self.rx), ("tx", &self.tx)] {
+            let all = [
+                c.host_packet_ns,
+                c.reader_batch_ns,
+                c.reader_packet_ns,
+                c.crypt_item_ns,
+                c.crypt_packet_ns,
+                c.crypt_byte_ns,
+                c.serial_invocation_ns,
+                c.serial_batch_ns,
+                c.serial_packet_ns,
+            ];
+            if !all.into_iter().all(finite) {
+                return Err(format!("{dir} stage costs must be finite and ≥ 0"));
+            }
+        }
+        Ok(())
+    }
+}

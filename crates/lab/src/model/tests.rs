@@ -1,0 +1,211 @@
+//! The simulation against theory and against its own invariants. Deterministic: every
+//! run is seeded, and nothing here reads a clock.
+
+use super::params::{Platform, Pool, SchedCosts, StageCosts};
+use super::*;
+
+/// A platform with nothing in the way: huge queues, no scheduling costs.
+pub(super) fn bare(cores: usize, pool: Pool, readers: usize) -> Params {
+    Params {
+        provenance: vec!["test".into()],
+        platform: Platform {
+            cores,
+            pool,
+            reader_threads: readers,
+            group_by_peer: readers > 0,
+            reader_batch: 64,
+            poll_budget: 64,
+            softirq_budget: 300,
+            host_queue_packets: 1 << 20,
+            socket_packets: 1 << 20,
+            crypt_ring_packets: 0,
+            peer_queue_packets: 1 << 20,
+            inflight_packets: 0,
+            serial_threads_max: 1024,
+            rss_skew: 0.0,
+            line_gbit: 0.0,
+            background_share: 0.0,
+        },
+        sched: SchedCosts {
+            timeslice_ns: 3e6,
+            ..SchedCosts::default()
+        },
+        rx: StageCosts::default(),
+        tx: StageCosts::default(),
+    }
+}
+
+/// M/D/1: one core, one stage of fixed cost D, Poisson arrivals at rate λ. Utilisation
+/// is ρ = λD and the mean wait before service ρD / (2(1 − ρ)) (Pollaczek–Khinchine).
+#[test]
+fn one_core_one_stage_matches_m_d_1() {
+    let d_ns = 1000.0;
+    for rho in [0.5, 0.8] {
+        let mut p = bare(1, Pool::PerCore, 0);
+        p.platform.poll_budget = 1;
+        p.platform.softirq_budget = usize::MAX;
+        p.rx.host_packet_ns = d_ns;
+        let size = 1000;
+        let pps = rho / (d_ns * 1e-9);
+        let sc = Scenario {
+            model: Model::Softirq,
+            workers: 1,
+            peers: 1,
+            direction: Direction::Rx,
+            size,
+            offered_gbit: pps * size as f64 * 8.0 / 1e9,
+            burst: 1,
+            poisson: true,
+            tcp_rtt_us: None,
+            seconds: 4.0,
+            warmup_s: 0.1,
+            seed: 42,
+        };
+        let o = simulate(&p, &sc).unwrap();
+        let wait_theory_us = rho * d_ns / (2.0 * (1.0 - rho)) / 1e3;
+        let util = o.core_busy[0];
+        assert!(
+            (util / rho - 1.0).abs() < 0.02,
+            "ρ {rho}: utilisation {util}"
+        );
+        let w = o.host_wait_mean_us;
+        assert!(
+            (w / wait_theory_us - 1.0).abs() < 0.02,
+            "ρ {rho}: wait {w} µs, theory {wait_theory_us} µs"
+        );
+    }
+}
+
+fn light(model: Model, direction: Direction, peers: usize) -> Scenario {
+    Scenario {
+        offered_gbit: 1.0,
+        seconds: 0.05,
+        warmup_s: 0.0,
+        ..Scenario::star(model, 2, peers, direction)
+    }
+}
+
+fn costed(mut p: Params) -> Params {
+    let c = StageCosts {
+        host_packet_ns: 300.0,
+        reader_batch_ns: 2000.0,
+        reader_packet_ns: 200.0,
+        crypt_item_ns: 500.0,
+        crypt_packet_ns: 100.0,
+        crypt_byte_ns: 0.5,
+        serial_invocation_ns: 1000.0,
+        serial_batch_ns: 200.0,
+        serial_packet_ns: 400.0,
+    };
+    p.rx = c.clone();
+    p.tx = c;
+    p.sched = SchedCosts {
+        wakeup_ns: 2000.0,
+        wakeup_latency_ns: 10_000.0,
+        switch_ns: 1500.0,
+        migration_ns: 3000.0,
+        preempt_ns: 1000.0,
+        timeslice_ns: 3e6,
+    };
+    p
+}
+
+/// Under a load the platform carries, every model delivers every packet offered: no
+/// drop, and nothing left behind but what was still in flight at the end.
+#[test]
+fn every_model_delivers_everything_it_can_carry() {
+    for (p, name) in [
+        (costed(bare(4, Pool::Shared, 1)), "wirelane-like"),
+        (costed(bare(4, Pool::PerCore, 0)), "kernel-like"),
+    ] {
+        for model in Model::ALL {
+            for dir in [Direction::Rx, Direction::Tx] {
+                for peers in [1, 100] {
+                    let sc = light(model, dir, peers);
+                    let o = simulate(&p, &sc).unwrap();
+                    let what = format!("{name} {model} {dir:?} {peers} peers");
+                    let d = &o.drops;
+                    assert_eq!(d.host + d.socket + d.crypt_ring + d.peer_queue, 0, "{what}");
+                    assert!(o.signature.packets > 0, "{what}");
+                    let in_flight = (o.offered_gbit - o.goodput_gbit) / o.offered_gbit;
+                    assert!(
+                        in_flight < 0.05,
+                        "{what}: {in_flight} of the offered load still in flight"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn runs_are_reproducible_and_seeds_matter() {
+    let p = costed(bare(4, Pool::PerCore, 0));
+    let sc = light(Model::Softirq, Direction::Rx, 100);
+    let a = simulate(&p, &sc).unwrap();
+    let b = simulate(&p, &sc).unwrap();
+    assert_eq!(a.events, b.events);
+    assert_eq!(a.latency_p99_us, b.latency_p99_us);
+    let c = simulate(&p, &Scenario { seed: 2, ..sc }).unwrap();
+    assert_ne!(a.events, c.events);
+}
+
+#[test]
+fn bad_scenarios_and_parameters_are_refused() {
+    let p = bare(2, Pool::Shared, 1);
+    let good = light(Model::Workqueue, Direction::Rx, 10);
+    for bad in [
+        Scenario {
+            peers: 0,
+            ..good.clone()
+        },
+        Scenario {
+            workers: 0,
+            ..good.clone()
+        },
+        Scenario {
+            offered_gbit: f64::NAN,
+            ..good.clone()
+        },
+        Scenario {
+            burst: 0,
+            ..good.clone()
+        },
+        Scenario {
+            seconds: 0.0,
+            ..good.clone()
+        },
+        Scenario {
+            tcp_rtt_us: Some(-1.0),
+            ..good.clone()
+        },
+    ] {
+        assert!(simulate(&p, &bad).is_err(), "{bad:?}");
+    }
+    let mut q = p.clone();
+    q.platform.cores = 0;
+    assert!(simulate(&q, &good).is_err());
+    let mut q = p.clone();
+    q.rx.crypt_byte_ns = -1.0;
+    assert!(simulate(&q, &good).is_err());
+    assert!(toml::from_str::<Params>("provenance = []\n[platform]\ncores = 2").is_err());
+}
+
+/// With one peer, delivery cannot exceed one core's serial rate whatever the worker
+/// count; a serial stage on a thread of its own (`threaded`, with a core to spare)
+/// reaches it.
+#[test]
+fn one_peer_is_bounded_by_its_serial_stage() {
+    let mut p = bare(4, Pool::Shared, 1);
+    p.rx.serial_packet_ns = 2000.0; // 500 kpps at most
+    p.rx.crypt_byte_ns = 0.1;
+    let sc = Scenario {
+        offered_gbit: 20.0,
+        seconds: 0.2,
+        warmup_s: 0.05,
+        ..Scenario::star(Model::Threaded, 2, 1, Direction::Rx)
+    };
+    let o = simulate(&p, &sc).unwrap();
+    assert!(o.delivered_pps <= 500_000.0 * 1.001, "{}", o.delivered_pps);
+    assert!(o.delivered_pps > 450_000.0, "{}", o.delivered_pps);
+}
