@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 pub const RX_BUDGET_PACKETS: usize = 8192;
 
 /// How often a reader waiting for room looks again.
-const POLL: Duration = Duration::from_micros(200);
+pub const POLL: Duration = Duration::from_micros(200);
 
 #[derive(Debug)]
 pub struct QueueBudget {

@@ -47,7 +47,8 @@ pub struct Observation {
     /// Workers and serial threads or pollers: the crypt and serial stages.
     pub stages_s: f64,
     pub aead_floor_s_per_gb: f64,
-    /// Share of each core taken by other work.
+    /// Share of each core the daemon did not get (other work, and time the machine
+    /// left idle although the daemon was saturated).
     pub background_share: f64,
 }
 
@@ -85,8 +86,9 @@ fn observe(r: &RunRecord) -> Option<Observation> {
             stages_s += t.busy_s;
         }
     }
-    let busy_core_s: f64 = star.core_busy.iter().sum::<f64>() * star.seconds;
-    let background = ((busy_core_s - star.daemon_cpu_s) / (cores as f64 * star.seconds)).max(0.0);
+    // Saturated runs: whatever share of the cores the daemon did not use, it could not
+    // get (other work, or time the machine idled while the daemon's threads waited).
+    let background = (1.0 - star.daemon_cpu_s / (cores as f64 * star.seconds)).max(0.0);
     Some(Observation {
         model: fl.model.unwrap_or(Model::Workqueue),
         workers: fl.workers.map_or(cores, usize::from),
@@ -132,7 +134,8 @@ pub fn observe_outcome(sc: &Scenario, cores: usize, floor: f64, o: &Outcome) -> 
         reader_s: o.busy.reader_s,
         stages_s: o.busy.worker_s + o.busy.serial_s,
         aead_floor_s_per_gb: floor,
-        background_share: o.busy.background_s / (cores as f64 * o.seconds),
+        background_share: 1.0
+            - (o.busy.reader_s + o.busy.worker_s + o.busy.serial_s) / (cores as f64 * o.seconds),
     }
 }
 
@@ -149,43 +152,77 @@ fn median(mut v: Vec<f64>) -> f64 {
     }
 }
 
-/// Least squares of y = a + b·x1 + c·x2 (normal equations, Cramer's rule). None when
-/// the runs do not vary x1 and x2 independently.
-pub fn fit3(rows: &[(f64, f64, f64)]) -> Option<[f64; 3]> {
-    let mut m = [[0.0f64; 3]; 3];
-    let mut v = [0.0f64; 3];
-    for &(y, x1, x2) in rows {
-        let x = [1.0, x1, x2];
-        for i in 0..3 {
-            for j in 0..3 {
-                m[i][j] += x[i] * x[j];
-            }
-            v[i] += x[i] * y;
+/// Least squares of y = a + b·x1 + c·x2 over the columns `use_x` selects (an unused
+/// column's coefficient is 0), by Gaussian elimination on the normal equations. None
+/// when a selected column does not vary or the system is singular.
+pub fn least_squares(rows: &[(f64, f64, f64)], use_x: [bool; 2]) -> Option<[f64; 3]> {
+    let cols: Vec<usize> = std::iter::once(0)
+        .chain((1..3).filter(|&k| use_x[k - 1]))
+        .collect();
+    let x = |r: &(f64, f64, f64), k: usize| [1.0, r.1, r.2][k];
+    for &k in &cols[1..] {
+        let mean = rows.iter().map(|r| x(r, k)).sum::<f64>() / rows.len().max(1) as f64;
+        let var =
+            rows.iter().map(|r| (x(r, k) - mean).powi(2)).sum::<f64>() / rows.len().max(1) as f64;
+        if var <= 1e-6 * mean * mean || var == 0.0 {
+            return None;
         }
     }
-    let det = |a: &[[f64; 3]; 3]| {
-        a[0][0] * (a[1][1] * a[2][2] - a[1][2] * a[2][1])
-            - a[0][1] * (a[1][0] * a[2][2] - a[1][2] * a[2][0])
-            + a[0][2] * (a[1][0] * a[2][1] - a[1][1] * a[2][0])
-    };
-    let d = det(&m);
-    let scale = m[0][0] * m[1][1] * m[2][2];
-    if !d.is_finite() || d.abs() <= 1e-12 * scale.abs().max(1e-300) {
-        return None;
+    let n = cols.len();
+    let mut m = vec![vec![0.0f64; n + 1]; n];
+    for r in rows {
+        for (i, &ki) in cols.iter().enumerate() {
+            for (j, &kj) in cols.iter().enumerate() {
+                m[i][j] += x(r, ki) * x(r, kj);
+            }
+            m[i][n] += x(r, ki) * r.0;
+        }
+    }
+    for i in 0..n {
+        let pivot = (i..n).max_by(|&a, &b| m[a][i].abs().total_cmp(&m[b][i].abs()))?;
+        m.swap(i, pivot);
+        if m[i][i].abs() < 1e-12 {
+            return None;
+        }
+        for j in 0..n {
+            if j != i {
+                let f = m[j][i] / m[i][i];
+                for k in i..=n {
+                    m[j][k] -= f * m[i][k];
+                }
+            }
+        }
     }
     let mut out = [0.0; 3];
-    for (k, o) in out.iter_mut().enumerate() {
-        let mut a = m;
-        for i in 0..3 {
-            a[i][k] = v[i];
-        }
-        *o = det(&a) / d;
+    for (i, &k) in cols.iter().enumerate() {
+        out[k] = m[i][n] / m[i][i];
     }
     Some(out)
 }
 
-/// Fits one direction's stage costs from its observations.
-pub fn fit_direction(obs: &[&Observation]) -> Result<StageCosts> {
+/// The least-squares fit with the most columns whose coefficients are all ≥ 0 (a
+/// negative cost is a sign that the runs cannot tell two terms apart).
+pub fn fit_nonneg(rows: &[(f64, f64, f64)]) -> [f64; 3] {
+    for use_x in [[true, true], [true, false], [false, true]] {
+        if let Some(c) = least_squares(rows, use_x).filter(|c| c.iter().all(|v| *v >= 0.0)) {
+            return c;
+        }
+    }
+    let mean = rows.iter().map(|r| r.0).sum::<f64>() / rows.len().max(1) as f64;
+    [mean.max(0.0), 0.0, 0.0]
+}
+
+/// What the simulation charged to scheduling in an observation's cell, ns per packet:
+/// on the reader, and on all the daemon's threads.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Overhead {
+    pub reader: f64,
+    pub total: f64,
+}
+
+/// Fits one direction's stage costs from its observations, net of the scheduling
+/// overhead the simulation charges in each (`overheads`, same order).
+pub fn fit_direction(obs: &[(&Observation, Overhead)]) -> Result<StageCosts> {
     if obs.len() < 3 {
         return Err(format!(
             "{} runs: at least 3 are needed to fit a direction",
@@ -193,40 +230,60 @@ pub fn fit_direction(obs: &[&Observation]) -> Result<StageCosts> {
         )
         .into());
     }
-    let byte_ns = median(obs.iter().map(|o| o.aead_floor_s_per_gb).collect());
-    let reader_packet_ns = obs.iter().map(|o| o.reader_s).sum::<f64>() * 1e9
-        / obs.iter().map(|o| o.packets as f64).sum::<f64>();
+    let byte_ns = median(obs.iter().map(|(o, _)| o.aead_floor_s_per_gb).collect());
+    let per = |o: &Observation, v: f64| v / o.packets as f64;
+    // The reader's own cost, from runs where it ran no items itself (the idle
+    // shortcut runs only small items: transmit under `workqueue`).
+    let plain: Vec<_> = obs
+        .iter()
+        .filter(|(o, _)| !(o.model == Model::Workqueue && o.direction == Direction::Tx))
+        .collect();
+    let reader_rows: Vec<(f64, f64, f64)> = (if plain.len() >= 3 {
+        plain
+    } else {
+        obs.iter().collect()
+    })
+    .iter()
+    .map(|(o, ov)| {
+        (
+            per(o, o.reader_s * 1e9) - ov.reader,
+            per(o, o.batches as f64),
+            0.0,
+        )
+    })
+    .collect();
+    let [reader_packet_ns, reader_item_ns, _] = fit_nonneg(&reader_rows);
     let rows: Vec<(f64, f64, f64)> = obs
         .iter()
-        .map(|o| {
-            let p = o.packets as f64;
-            (
-                o.stages_s * 1e9 / p,
-                o.batches as f64 / p,
-                o.invocations as f64 / p,
-            )
+        .map(|(o, ov)| {
+            let items = per(o, o.batches as f64);
+            let y = per(o, (o.reader_s + o.stages_s) * 1e9)
+                - ov.total
+                - o.size as f64 * byte_ns
+                - reader_packet_ns
+                - reader_item_ns * items;
+            (y, items, per(o, o.invocations as f64))
         })
         .collect();
-    let [per_packet, per_item, per_invocation] = fit3(&rows).ok_or(
-        "the runs do not vary items and invocations per packet independently: \
-         add runs at other peer counts or models",
-    )?;
-    let size = median(obs.iter().map(|o| o.size as f64).collect());
+    let [per_packet, per_item, per_invocation] = fit_nonneg(&rows);
+    let background = median(obs.iter().map(|(o, _)| o.background_share).collect());
     Ok(StageCosts {
+        background_share: background.min(0.9),
         host_packet_ns: 0.0,
         reader_batch_ns: 0.0,
         reader_packet_ns,
-        crypt_item_ns: per_item.max(0.0),
+        reader_item_ns,
+        crypt_item_ns: per_item,
         crypt_packet_ns: 0.0,
         crypt_byte_ns: byte_ns,
-        serial_invocation_ns: per_invocation.max(0.0),
+        serial_invocation_ns: per_invocation,
         serial_batch_ns: 0.0,
-        serial_packet_ns: (per_packet - size * byte_ns).max(0.0),
+        serial_packet_ns: per_packet,
     })
 }
 
 /// wirelane's fixed arrangement (the daemon's constants), on `cores` cores.
-pub fn wirelane_platform(cores: usize, background_share: f64) -> Platform {
+pub fn wirelane_platform(cores: usize) -> Platform {
     Platform {
         cores,
         pool: Pool::Shared,
@@ -243,23 +300,112 @@ pub fn wirelane_platform(cores: usize, background_share: f64) -> Platform {
         serial_threads_max: wirelane_dataplane::exec::threaded::MAX_SERIAL_THREADS,
         rss_skew: 0.0,
         line_gbit: 0.0,
-        background_share,
     }
 }
 
-/// A whole parameter set from `obs`, with `sched` measured apart (`sched_probe`).
-pub fn fit(obs: &[Observation], sched: SchedCosts, provenance: Vec<String>) -> Result<Params> {
-    let dir = |d| obs.iter().filter(|o| o.direction == d).collect::<Vec<_>>();
-    let (rx, tx) = (dir(Direction::Rx), dir(Direction::Tx));
-    let cores = obs.iter().map(|o| o.cores).max().unwrap_or(1);
-    let background = median(obs.iter().map(|o| o.background_share).collect());
-    let params = Params {
-        provenance,
-        platform: wirelane_platform(cores, background),
-        sched,
-        rx: fit_direction(&rx).map_err(|e| format!("rx: {e}"))?,
-        tx: fit_direction(&tx).map_err(|e| format!("tx: {e}"))?,
+/// The scenario the lab ran for an observation: the star generator sends each peer's
+/// packets in GSO runs of up to 45 (64 KiB of 1,452-byte datagrams); the transmit
+/// sender rotates over peers packet by packet. Unlimited transmit is offered 20 Gbit/s.
+pub fn lab_scenario(o: &Observation, seconds: f64) -> Scenario {
+    let burst = match o.direction {
+        Direction::Rx => 45,
+        Direction::Tx => 1,
     };
-    params.check()?;
+    Scenario {
+        model: o.model,
+        workers: o.workers,
+        peers: o.peers,
+        direction: o.direction,
+        size: o.size,
+        offered_gbit: o.offered_gbit.unwrap_or(20.0),
+        burst,
+        poisson: false,
+        tcp_rtt_us: None,
+        seconds,
+        warmup_s: seconds / 5.0,
+        seed: 1,
+    }
+}
+
+/// Rounds of fitting and re-simulating: the overhead the simulation charges depends
+/// on the costs fitted (cheap stages leave threads idle, and idle threads spin and are
+/// woken), so each round moves halfway to the new fit, and the rounds settle.
+pub const ROUNDS: usize = 8;
+
+fn blend(old: &StageCosts, new: &StageCosts, w: f64) -> StageCosts {
+    let m = |a: f64, b: f64| a + w * (b - a);
+    StageCosts {
+        background_share: new.background_share,
+        host_packet_ns: m(old.host_packet_ns, new.host_packet_ns),
+        reader_batch_ns: m(old.reader_batch_ns, new.reader_batch_ns),
+        reader_packet_ns: m(old.reader_packet_ns, new.reader_packet_ns),
+        reader_item_ns: m(old.reader_item_ns, new.reader_item_ns),
+        crypt_item_ns: m(old.crypt_item_ns, new.crypt_item_ns),
+        crypt_packet_ns: m(old.crypt_packet_ns, new.crypt_packet_ns),
+        crypt_byte_ns: m(old.crypt_byte_ns, new.crypt_byte_ns),
+        serial_invocation_ns: m(old.serial_invocation_ns, new.serial_invocation_ns),
+        serial_batch_ns: m(old.serial_batch_ns, new.serial_batch_ns),
+        serial_packet_ns: m(old.serial_packet_ns, new.serial_packet_ns),
+    }
+}
+
+/// A whole parameter set from `obs`, with `sched` measured apart (`probe`): fit the
+/// stage costs, simulate every cell to learn its scheduling overhead, fit again net
+/// of it, [`ROUNDS`] times. `seconds` is each cell's simulated length.
+pub fn fit(
+    obs: &[Observation],
+    sched: SchedCosts,
+    provenance: Vec<String>,
+    seconds: f64,
+) -> Result<Params> {
+    let cores = obs.iter().map(|o| o.cores).max().unwrap_or(1);
+    let mut params = Params {
+        provenance,
+        platform: wirelane_platform(cores),
+        sched,
+        rx: StageCosts::default(),
+        tx: StageCosts::default(),
+    };
+    let mut overhead = vec![Overhead::default(); obs.len()];
+    for round in 0..ROUNDS {
+        for dir in [Direction::Rx, Direction::Tx] {
+            let mine: Vec<(&Observation, Overhead)> = obs
+                .iter()
+                .zip(&overhead)
+                .filter(|(o, _)| o.direction == dir)
+                .map(|(o, ov)| (o, *ov))
+                .collect();
+            let costs = fit_direction(&mine).map_err(|e| format!("{}: {e}", dir.name()))?;
+            let w = if round == 0 { 1.0 } else { 0.5 };
+            match dir {
+                Direction::Rx => params.rx = blend(&params.rx, &costs, w),
+                Direction::Tx => params.tx = blend(&params.tx, &costs, w),
+            }
+        }
+        params.check()?;
+        if round + 1 == ROUNDS {
+            break;
+        }
+        let mut cells: std::collections::HashMap<
+            (Model, usize, usize, Direction, usize),
+            Overhead,
+        > = Default::default();
+        for (o, ov) in obs.iter().zip(overhead.iter_mut()) {
+            let key = (o.model, o.workers, o.peers, o.direction, o.cores);
+            if let Some(known) = cells.get(&key) {
+                *ov = *known;
+                continue;
+            }
+            let mut p = params.clone();
+            p.platform.cores = o.cores;
+            let out = super::simulate(&p, &lab_scenario(o, seconds))?;
+            let packets = (out.delivered_pps * out.seconds).max(1.0);
+            *ov = Overhead {
+                reader: out.busy.reader_overhead_s * 1e9 / packets,
+                total: (out.busy.reader_overhead_s + out.busy.stages_overhead_s) * 1e9 / packets,
+            };
+            cells.insert(key, *ov);
+        }
+    }
     Ok(params)
 }

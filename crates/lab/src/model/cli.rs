@@ -2,7 +2,7 @@
 //! seed 000's reproduction and the predictions (`studies`). Tables go to stdout as
 //! Markdown; with `--out DIR`, also to DIR/model.md and charts to DIR/model.html.
 
-use super::calibrate::{self, Observation};
+use super::calibrate::{self, lab_scenario, Observation};
 use super::params::{Direction, Params};
 use super::{probe, simulate, Outcome, Scenario};
 use crate::Result;
@@ -237,9 +237,11 @@ fn calibrate_cli(dirs: &[PathBuf], out: &Path) -> Result<()> {
                 .join(", ")
         ),
         "sched: measured by the probe (model/probe.rs) on the same machine".into(),
-        "fixed: reader_batch_ns, crypt_packet_ns and serial_batch_ns are 0 (their sums are \
+        "fitted net of the scheduling overhead the model charges in each cell, in rounds; \
+         fixed: reader_batch_ns, crypt_packet_ns and serial_batch_ns are 0 (their sums are \
          in reader_packet_ns, serial_packet_ns and crypt_item_ns); host_packet_ns is 0 (the \
-         host's delivery is charged to the generator's threads, part of background_share)"
+         host's delivery is charged to the generator's threads); background_share is the \
+         median share of the cores the saturated daemon did not use"
             .into(),
     ];
     provenance.push(format!(
@@ -257,9 +259,14 @@ fn calibrate_cli(dirs: &[PathBuf], out: &Path) -> Result<()> {
             .collect::<Vec<_>>()
             .join("; ")
     ));
-    let params = calibrate::fit(&obs, sched, provenance)?;
+    let params = calibrate::fit(&obs, sched, provenance, 0.3)?;
     std::fs::write(out, params.to_toml()?)?;
     println!("{}", params.to_toml()?);
+    let rows = validate(&params, &obs, 0.5)?;
+    print!(
+        "In-sample (the calibration's own runs):\n\n{}",
+        validation_table(&rows, &cpu)
+    );
     println!("written: {}", out.display());
     Ok(())
 }
@@ -278,30 +285,6 @@ fn median(v: &mut [f64]) -> f64 {
         0 => f64::NAN,
         n if n % 2 == 1 => v[n / 2],
         n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
-}
-
-/// The scenario the lab ran for an observation: the star generator sends each peer's
-/// packets in GSO runs of up to 45 (64 KiB of 1,452-byte datagrams); the transmit
-/// sender rotates over peers packet by packet. Unlimited transmit is offered 20 Gbit/s.
-pub fn lab_scenario(o: &Observation, seconds: f64) -> Scenario {
-    let burst = match o.direction {
-        Direction::Rx => 45,
-        Direction::Tx => 1,
-    };
-    Scenario {
-        model: o.model,
-        workers: o.workers,
-        peers: o.peers,
-        direction: o.direction,
-        size: o.size,
-        offered_gbit: o.offered_gbit.unwrap_or(20.0),
-        burst,
-        poisson: false,
-        tcp_rtt_us: None,
-        seconds,
-        warmup_s: seconds / 5.0,
-        seed: 1,
     }
 }
 

@@ -67,13 +67,33 @@ pub struct Ctx {
     pub last_core: Option<usize>,
     /// A preempted step and its remaining cost.
     pub resume: Option<(Work, f64)>,
-    /// Wake-ups this context paid for, added to its next step.
+    /// Wake-ups this context paid for, added to its next step (scheduling overhead).
     pub debt_ns: f64,
+    /// Stage work it did on the side (per-item reader work, items run by the idle
+    /// shortcut), added to its next step.
+    pub work_debt_ns: f64,
     pub busy_ns: u64,
     /// Softirq and pollers: packets handled since the run began.
     pub run_packets: usize,
     /// A serial drain this context is in the middle of (its next step continues it).
     pub continuation: Option<u32>,
+    /// Of `busy_ns`, what scheduling cost it: switches, migrations, wake-ups paid,
+    /// preemptions, looking for work before sleeping.
+    pub overhead_ns: u64,
+    /// It has looked for work once since it last found some: next time it sleeps.
+    pub spun: bool,
+    /// Woken from sleep and not yet run: the scheduler favours it (see `enqueue`).
+    pub woken: bool,
+}
+
+impl Ctx {
+    /// Whether this is a thread of the daemon's, which spins briefly before it sleeps.
+    pub fn is_thread(&self) -> bool {
+        matches!(
+            self.role,
+            Role::Reader(_) | Role::Worker(_) | Role::SerialThread(_) | Role::Poller(_)
+        )
+    }
 }
 
 struct Running {
@@ -101,10 +121,21 @@ pub struct Core {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Event {
-    StepEnd { core: usize, epoch: u64 },
+    StepEnd {
+        core: usize,
+        epoch: u64,
+    },
     Wake(usize),
-    Acked { peer: u32, packets: u32 },
-    Lost { peer: u32, packets: u32 },
+    /// A sleeping context's own timer (a reader polling for room).
+    Timer(usize),
+    Acked {
+        peer: u32,
+        packets: u32,
+    },
+    Lost {
+        peer: u32,
+        packets: u32,
+    },
     Background(usize),
 }
 
@@ -176,7 +207,7 @@ impl Sim {
         };
         sim.pipe
             .spawn_contexts(&mut sim.ctxs, &sim.params, &sim.scenario);
-        if sim.params.platform.background_share > 0.0 {
+        if sim.params.costs(sim.scenario.direction).background_share > 0.0 {
             for c in 0..cores {
                 sim.push(0, Event::Background(c));
             }
@@ -214,6 +245,7 @@ impl Sim {
                 }
                 Event::StepEnd { .. } => {}
                 Event::Wake(ctx) => self.enqueue(ctx),
+                Event::Timer(ctx) => self.raise(ctx),
                 Event::Acked { peer, packets } => {
                     let n = self.windows[peer as usize].acked(packets);
                     self.inject(peer, n);
@@ -224,7 +256,8 @@ impl Sim {
                 }
                 Event::Background(core) => {
                     self.background_pending[core] +=
-                        self.params.platform.background_share * BACKGROUND_PERIOD_NS as f64;
+                        self.params.costs(self.scenario.direction).background_share
+                            * BACKGROUND_PERIOD_NS as f64;
                     let ctx = self.pipe.background_ctx[core];
                     self.raise(ctx);
                     self.push(self.now + BACKGROUND_PERIOD_NS, Event::Background(core));
@@ -311,12 +344,19 @@ impl Sim {
 
     /// Puts a runnable context on a core's run queue, preempting a normal step there if
     /// it has high priority.
+    ///
+    /// A thread woken from sleep goes to the head of its core's normal queue, and the
+    /// thread running there yields to it at the end of its step: EEVDF gives a sleeper
+    /// an earlier deadline than a thread that has been running (wake-up preemption).
     fn enqueue(&mut self, ctx: usize) {
         let core = self.place(ctx);
+        let woken = self.ctxs[ctx].state == State::Waking;
         self.ctxs[ctx].state = State::Queued;
+        self.ctxs[ctx].woken = woken;
         let prio = self.ctxs[ctx].prio;
         match prio {
             Prio::High => self.cores[core].high.push_back(ctx),
+            Prio::Normal if woken => self.cores[core].normal.push_front(ctx),
             Prio::Normal => self.cores[core].normal.push_back(ctx),
         }
         let preempt = prio == Prio::High
@@ -371,28 +411,56 @@ impl Sim {
             let Some(ctx) = local.or_else(|| self.pull(core)) else {
                 return;
             };
-            let step = match self.ctxs[ctx].resume.take() {
+            let resumed = self.ctxs[ctx].resume.take();
+            let was_resumed = resumed.is_some();
+            let step = match resumed {
                 Some(s) => Some(s),
                 None => Pipeline::next_step(self, ctx),
             };
-            let Some((work, cost)) = step else {
-                self.sleep(ctx);
-                continue;
+            let spin = self.params.sched.spin_ns;
+            let c = &mut self.ctxs[ctx];
+            let (work, cost, mut overhead) = match step {
+                Some((w, cost)) => {
+                    c.spun = false;
+                    (w, cost, 0.0)
+                }
+                // A thread looks for work a while (the channel's backoff) before it
+                // parks; a wake-up in that window finds it awake.
+                None if spin > 0.0 && !c.spun && c.is_thread() => {
+                    c.spun = true;
+                    (Work::Spin, spin, spin)
+                }
+                None => {
+                    c.spun = false;
+                    self.sleep(ctx);
+                    continue;
+                }
             };
             let s = &self.params.sched;
-            let mut cost = cost + std::mem::take(&mut self.ctxs[ctx].debt_ns);
+            if was_resumed {
+                overhead += s.preempt_ns;
+            }
+            let debt = std::mem::take(&mut self.ctxs[ctx].debt_ns);
+            overhead += debt;
+            let mut cost = cost + debt + std::mem::take(&mut self.ctxs[ctx].work_debt_ns);
             if self.cores[core].last_ctx != Some(ctx) {
                 cost += s.switch_ns;
+                overhead += s.switch_ns;
                 self.counts.switches += 1;
                 self.cores[core].slice_start = self.now;
                 self.cores[core].last_ctx = Some(ctx);
             }
             if self.ctxs[ctx].last_core.is_some_and(|l| l != core) {
                 cost += s.migration_ns;
+                overhead += s.migration_ns;
                 self.counts.migrations += 1;
             }
             let c = &mut self.ctxs[ctx];
+            if self.now >= self.warmup {
+                c.overhead_ns += overhead.round() as u64;
+            }
             c.state = State::Running;
+            c.woken = false;
             c.last_core = Some(core);
             let prio = c.prio;
             let ends = self.now + cost.max(0.0).round() as Ns;
@@ -452,6 +520,10 @@ impl Sim {
         match self.ctxs[ctx].prio {
             Prio::High => c.high.push_front(ctx),
             Prio::Normal if !c.high.is_empty() => c.normal.push_front(ctx),
+            Prio::Normal if c.normal.front().is_some_and(|&f| self.ctxs[f].woken) => {
+                self.counts.involuntary += 1;
+                c.normal.insert(1, ctx);
+            }
             Prio::Normal if !c.normal.is_empty() && slice_used >= timeslice => {
                 self.counts.involuntary += 1;
                 c.normal.push_back(ctx);

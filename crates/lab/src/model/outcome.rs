@@ -16,6 +16,10 @@ pub struct RoleBusy {
     /// Serial threads (`threaded`) and pollers (`softirq`).
     pub serial_s: f64,
     pub background_s: f64,
+    /// Of the reader's CPU, and of the workers', serial threads' and pollers', what
+    /// scheduling cost (switches, migrations, wake-ups, preemptions, spinning).
+    pub reader_overhead_s: f64,
+    pub stages_overhead_s: f64,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -60,6 +64,14 @@ pub fn gather(sim: &Sim) -> Outcome {
     let mut busy = RoleBusy::default();
     for c in &sim.ctxs {
         let s = c.busy_ns as f64 / 1e9;
+        let o = c.overhead_ns as f64 / 1e9;
+        match c.role {
+            Role::Reader(_) => busy.reader_overhead_s += o,
+            Role::Worker(_) | Role::Poller(_) | Role::SerialThread(_) => {
+                busy.stages_overhead_s += o
+            }
+            _ => {}
+        }
         match c.role {
             Role::Softirq(_) => busy.host_s += s,
             Role::Reader(_) => busy.reader_s += s,

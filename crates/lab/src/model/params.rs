@@ -42,6 +42,9 @@ impl std::str::FromStr for Direction {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StageCosts {
+    /// Share of each core that other work takes while traffic goes this way (on the
+    /// lab machine: the generator, the sink, the kernel's delivery to them).
+    pub background_share: f64,
     /// The host's own delivery of a packet to the daemon (softirq: NIC or veth, UDP
     /// socket; or the TUN path), charged outside the daemon.
     pub host_packet_ns: f64,
@@ -49,6 +52,8 @@ pub struct StageCosts {
     /// receiver index; TX: route by AllowedIPs and assign the nonce).
     pub reader_batch_ns: f64,
     pub reader_packet_ns: f64,
+    /// Reader stage, per crypt item it hands on (a peer's group: nonces, queueing).
+    pub reader_item_ns: f64,
     /// Crypt stage: per item, per packet and per byte (decrypt or encrypt).
     pub crypt_item_ns: f64,
     pub crypt_packet_ns: f64,
@@ -76,6 +81,9 @@ pub struct SchedCosts {
     pub preempt_ns: f64,
     /// How long a thread keeps its core while others of its priority wait.
     pub timeslice_ns: f64,
+    /// CPU a daemon thread spends looking for work before it sleeps (the channel's
+    /// backoff); a wake-up meanwhile costs nothing.
+    pub spin_ns: f64,
 }
 
 /// Who runs the crypt stage.
@@ -129,8 +137,6 @@ pub struct Platform {
     pub rss_skew: f64,
     /// The link's rate, Gbit/s: offered load above it never reaches the host. 0: none.
     pub line_gbit: f64,
-    /// Share of each core taken by other work (the load generator on this machine).
-    pub background_share: f64,
 }
 
 /// A whole parameter set.
@@ -186,9 +192,6 @@ impl Params {
         if p.serial_threads_max == 0 {
             return Err("serial_threads_max must be at least 1".into());
         }
-        if !(0.0..0.95).contains(&p.background_share) {
-            return Err("background_share must be in [0, 0.95)".into());
-        }
         let finite = |v: f64| v.is_finite() && v >= 0.0;
         if !(finite(p.rss_skew) && finite(p.line_gbit)) {
             return Err("rss_skew and line_gbit must be finite and ≥ 0".into());
@@ -200,6 +203,7 @@ impl Params {
             s.switch_ns,
             s.migration_ns,
             s.preempt_ns,
+            s.spin_ns,
         ];
         if !sched.into_iter().all(finite) || !(s.timeslice_ns.is_finite() && s.timeslice_ns > 0.0) {
             return Err("scheduling costs must be finite and ≥ 0, the time slice > 0".into());
@@ -209,6 +213,7 @@ impl Params {
                 c.host_packet_ns,
                 c.reader_batch_ns,
                 c.reader_packet_ns,
+                c.reader_item_ns,
                 c.crypt_item_ns,
                 c.crypt_packet_ns,
                 c.crypt_byte_ns,
@@ -218,6 +223,9 @@ impl Params {
             ];
             if !all.into_iter().all(finite) {
                 return Err(format!("{dir} stage costs must be finite and ≥ 0"));
+            }
+            if !(0.0..0.95).contains(&c.background_share) {
+                return Err(format!("{dir} background_share must be in [0, 0.95)"));
             }
         }
         Ok(())

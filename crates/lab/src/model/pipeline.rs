@@ -79,11 +79,17 @@ pub enum Work {
         first: bool,
     },
     Background,
+    /// Looking for work before sleeping.
+    Spin,
 }
 
 /// Packets one step of an unbounded drain handles: it delivers as it goes, as the
 /// daemon writes packet by packet, rather than all at the end of one long step.
 const DRAIN_CHUNK: usize = 64;
+
+/// Largest item the `workqueue` model's readers run themselves
+/// (`exec::workqueue::SHORTCUT_MAX_PACKETS`).
+const SHORTCUT_MAX_PACKETS: usize = 4;
 
 /// Packets lost, by where.
 #[derive(Debug, Clone, Default, serde::Serialize)]
@@ -239,7 +245,17 @@ impl Pipeline {
     }
 
     /// `n` packets of `peer` reach the host: its RSS queue, or a drop when that is full.
+    /// Where the host's delivery costs nothing on these cores (the lab's veth path,
+    /// where the sender's own thread pays for it), they go straight to the socket.
     pub fn arrive(sim: &mut Sim, peer: u32, n: u32, now: Ns) {
+        if sim.pipe.costs.host_packet_ns == 0.0 && sim.params.platform.reader_threads > 0 {
+            if now >= sim.warmup {
+                sim.pipe.offered += u64::from(n);
+            }
+            let packets = vec![(peer, now); n as usize];
+            Self::to_sockets(sim, packets, None);
+            return;
+        }
         let q = sim.pipe.peers[peer as usize].host_queue;
         let room = sim
             .params
@@ -321,10 +337,16 @@ impl Pipeline {
             }
             Role::Reader(r) => {
                 if cap > 0 && pipe.inflight >= cap {
+                    // The daemon's reader sleeps and looks again (`budget::POLL`):
+                    // no one wakes it when room frees.
                     pipe.reader_waiting[r] = true;
+                    sim.ctxs[ctx].spun = true;
+                    let at = now + wirelane_dataplane::budget::POLL.as_nanos() as Ns;
+                    sim.push(at, Event::Timer(ctx));
                     return None;
                 }
-                let n = batch.min(pipe.sockets[r].len());
+                pipe.reader_waiting[r] = false;
+                let n = pipe.read_len(r, batch);
                 if n == 0 {
                     return None;
                 }
@@ -341,8 +363,7 @@ impl Pipeline {
                 match item {
                     Item::Crypt { peer, seq, packets } => {
                         pipe.sig.crypt_items += 1;
-                        let per_packet = c.crypt_packet_ns + pipe.size * c.crypt_byte_ns;
-                        let cost = c.crypt_item_ns + f64::from(packets) * per_packet;
+                        let cost = Self::crypt_cost(pipe, packets);
                         Some((Work::Crypt { peer, seq, packets }, cost))
                     }
                     Item::Serial { peer } => Some(pipe.serial_step(peer, serial_budget, true)),
@@ -357,6 +378,33 @@ impl Pipeline {
                 (pending > 0.0).then_some((Work::Background, pending))
             }
         }
+    }
+
+    /// Packets one read takes from reader `r`'s queue: `batch` datagrams, where on
+    /// receive a datagram is a run of one peer's packets that UDP GRO coalesced (at
+    /// most 64 KiB of them), so a read never splits a sender's GSO burst.
+    fn read_len(&self, r: usize, batch: usize) -> usize {
+        let q = &self.sockets[r];
+        if self.dir == Direction::Tx {
+            return batch.min(q.len());
+        }
+        let per_run = (65_535 / (self.size as usize + 60)).max(1);
+        let (mut n, mut runs, mut run_len) = (0, 0, 0);
+        let mut last = None;
+        for &(p, _) in q.iter() {
+            if last == Some(p) && run_len < per_run {
+                run_len += 1;
+            } else {
+                if runs == batch {
+                    break;
+                }
+                runs += 1;
+                run_len = 1;
+                last = Some(p);
+            }
+            n += 1;
+        }
+        n
     }
 
     /// A step of `peer`'s serial stage: the done entries at the head, up to `budget`
@@ -397,9 +445,9 @@ impl Pipeline {
             Work::HostPoll { queue, packets } => {
                 let n = packets.len();
                 if sim.params.platform.reader_threads == 0 {
-                    Self::ingest(sim, packets, ctx);
+                    Self::ingest(sim, packets, core, ctx);
                 } else {
-                    Self::to_sockets(sim, packets, ctx);
+                    Self::to_sockets(sim, packets, Some(ctx));
                 }
                 let pipe = &mut sim.pipe;
                 if !pipe.host[queue].is_empty() && !pipe.host_listed[queue] {
@@ -408,7 +456,7 @@ impl Pipeline {
                 }
                 Self::count_softirq(sim, ctx, n);
             }
-            Work::Read { packets } => Self::ingest(sim, packets, ctx),
+            Work::Read { packets } => Self::ingest(sim, packets, core, ctx),
             Work::Crypt { peer, seq, packets } => {
                 let pipe = &mut sim.pipe;
                 pipe.crypt_ring -= packets as usize;
@@ -424,7 +472,7 @@ impl Pipeline {
                 budget,
                 first,
             } => {
-                Self::deliver(sim, peer, entries, packets, ctx);
+                Self::deliver(sim, peer, entries, packets);
                 let pipe = &mut sim.pipe;
                 let s = &mut pipe.sig;
                 s.invocations += u64::from(first);
@@ -463,7 +511,7 @@ impl Pipeline {
                 }
                 Self::count_softirq(sim, ctx, packets as usize);
             }
-            Work::Background => {}
+            Work::Background | Work::Spin => {}
         }
     }
 
@@ -479,7 +527,7 @@ impl Pipeline {
         }
     }
 
-    fn to_sockets(sim: &mut Sim, packets: Vec<(u32, Ns)>, waker: usize) {
+    fn to_sockets(sim: &mut Sim, packets: Vec<(u32, Ns)>, waker: Option<usize>) {
         let cap = sim.params.platform.socket_packets;
         let mut touched = [false; 64];
         for (peer, t) in packets {
@@ -494,14 +542,14 @@ impl Pipeline {
         for r in 0..sim.pipe.sockets.len() {
             if touched[r % 64] && !sim.pipe.reader_waiting[r] {
                 let ctx = sim.pipe.reader_ctx[r];
-                sim.wake(ctx, Some(waker));
+                sim.wake(ctx, waker);
             }
         }
     }
 
     /// Classify (RX) or route (TX): packets into per-peer entries, each queued in order
     /// and dealt to the crypt stage.
-    fn ingest(sim: &mut Sim, packets: Vec<(u32, Ns)>, ctx: usize) {
+    fn ingest(sim: &mut Sim, packets: Vec<(u32, Ns)>, core: usize, ctx: usize) {
         let plat = &sim.params.platform;
         let (peer_cap, ring_cap) = (plat.peer_queue_packets, plat.crypt_ring_packets);
         let mut groups: Vec<(u32, u32, Ns)> = Vec::new();
@@ -535,6 +583,25 @@ impl Pipeline {
             pe.queued += n as usize;
             pipe.inflight += n as usize;
             pipe.crypt_ring += n as usize;
+            sim.ctxs[ctx].work_debt_ns += pipe.costs.reader_item_ns;
+            if Self::shortcut(sim, ctx, n as usize) {
+                // The reader seals or opens it itself (see `shortcut`).
+                let cost = Self::crypt_cost(&sim.pipe, n);
+                sim.ctxs[ctx].work_debt_ns += cost;
+                sim.pipe.sig.crypt_items += 1;
+                Self::complete(
+                    sim,
+                    ctx,
+                    Work::Crypt {
+                        peer,
+                        seq,
+                        packets: n,
+                    },
+                    core,
+                );
+                continue;
+            }
+            let pipe = &mut sim.pipe;
             let item = Item::Crypt {
                 peer,
                 seq,
@@ -551,6 +618,22 @@ impl Pipeline {
                 Self::wake_a_worker(sim, ctx);
             }
         }
+    }
+
+    /// The `workqueue` model's idle shortcut (`exec::workqueue`): a reader that finds
+    /// the shared FIFO empty runs an item of at most 4 packets itself, rather than
+    /// waking a worker for it. Its cost is the reader's.
+    fn shortcut(sim: &Sim, ctx: usize, packets: usize) -> bool {
+        sim.pipe.model == Model::Workqueue
+            && !sim.pipe.per_core
+            && matches!(sim.ctxs[ctx].role, Role::Reader(_))
+            && packets <= SHORTCUT_MAX_PACKETS
+            && sim.pipe.shared.is_empty()
+    }
+
+    fn crypt_cost(pipe: &Pipeline, packets: u32) -> f64 {
+        let c = &pipe.costs;
+        c.crypt_item_ns + f64::from(packets) * (c.crypt_packet_ns + pipe.size * c.crypt_byte_ns)
     }
 
     fn wake_a_worker(sim: &mut Sim, waker: usize) {
@@ -592,6 +675,14 @@ impl Pipeline {
                 sim.wake(wctx, Some(waker));
             }
             Model::Workqueue => {
+                let queued = pipe.peers[peer as usize].queued;
+                if Self::shortcut(sim, waker, queued) {
+                    let (work, cost) = sim.pipe.serial_step(peer, usize::MAX, true);
+                    sim.ctxs[waker].work_debt_ns += cost;
+                    Self::complete(sim, waker, work, core);
+                    return;
+                }
+                let pipe = &mut sim.pipe;
                 pipe.shared.push_back(Item::Serial { peer });
                 Self::wake_a_worker(sim, waker);
             }
@@ -640,7 +731,7 @@ impl Pipeline {
     }
 
     /// Hands `entries` head entries of `peer` on (the TUN write or the UDP send).
-    fn deliver(sim: &mut Sim, peer: u32, entries: usize, packets: u32, waker: usize) {
+    fn deliver(sim: &mut Sim, peer: u32, entries: usize, packets: u32) {
         let now = sim.now;
         let in_window = now >= sim.warmup;
         for _ in 0..entries {
@@ -669,15 +760,6 @@ impl Pipeline {
         let pipe = &mut sim.pipe;
         pipe.peers[peer as usize].queued -= packets as usize;
         pipe.inflight -= packets as usize;
-        let cap = sim.params.platform.inflight_packets;
-        if cap > 0 && sim.pipe.inflight < cap {
-            for r in 0..sim.pipe.reader_waiting.len() {
-                if std::mem::take(&mut sim.pipe.reader_waiting[r]) {
-                    let ctx = sim.pipe.reader_ctx[r];
-                    sim.wake(ctx, Some(waker));
-                }
-            }
-        }
     }
 }
 
@@ -690,8 +772,12 @@ fn new_ctx(role: Role, prio: Prio, pinned: Option<usize>) -> Ctx {
         last_core: None,
         resume: None,
         debt_ns: 0.0,
+        work_debt_ns: 0.0,
         busy_ns: 0,
         run_packets: 0,
         continuation: None,
+        overhead_ns: 0,
+        spun: false,
+        woken: false,
     }
 }

@@ -11,6 +11,9 @@
 //!   wake-up's CPU;
 //! - `preempt_ns`: refilling the working set after another thread used the core;
 //! - `migration_ns`: refilling it on another core.
+//! - `spin_ns`: what a thread spends in a channel receive (crossbeam, as the daemon's
+//!   models use) before it parks, less a plain futex wait: the partner answers only
+//!   after 200 µs, so the receiver spins its whole backoff and then sleeps;
 //! - `timeslice_ns`: EEVDF's base slice as Linux sizes it, 0.75 ms × (1 + log2 of the
 //!   CPU count, at most 8).
 
@@ -82,6 +85,32 @@ fn ping_pong(cpu_a: usize, cpu_b: usize, rounds: u64) -> Result<(f64, f64)> {
     Ok((wall, cpu))
 }
 
+/// CPU ns per round of a thread that receives on a crossbeam channel an answer that
+/// comes only after `delay_us`, on another core.
+fn channel_wait(cpu_a: usize, cpu_b: usize, rounds: u64, delay_us: u64) -> Result<f64> {
+    pin(cpu_a)?;
+    let (to_b, b_rx) = crossbeam_channel::bounded::<u64>(1);
+    let (to_a, a_rx) = crossbeam_channel::bounded::<u64>(1);
+    let b = std::thread::spawn(move || {
+        let _ = pin(cpu_b);
+        while let Ok(i) = b_rx.recv() {
+            std::thread::sleep(std::time::Duration::from_micros(delay_us));
+            if to_a.send(i).is_err() {
+                return;
+            }
+        }
+    });
+    let cpu0 = thread_cpu_ns();
+    for i in 0..rounds {
+        to_b.send(i).map_err(|_| "probe thread gone")?;
+        a_rx.recv().map_err(|_| "probe thread gone")?;
+    }
+    let cpu = (thread_cpu_ns() - cpu0) / rounds as f64;
+    drop(to_b);
+    b.join().map_err(|_| "probe thread panicked")?;
+    Ok(cpu)
+}
+
 const SET: usize = 256 * 1024;
 
 fn touch(buf: &mut [u8]) -> f64 {
@@ -128,6 +157,8 @@ pub fn measure() -> Result<SchedCosts> {
             (same_wall, same_wall)
         };
         let wakeup_ns = cross_cpu / 2.0;
+        let other = if cpus > 1 { 1 } else { 0 };
+        let spin_ns = (channel_wait(0, other, 2000, 200)? - cross_cpu).max(0.0);
         let (warm, polluted, moved) = refill(cpus)?;
         let log2 = (cpus.min(8) as f64).log2().floor();
         Ok(SchedCosts {
@@ -137,6 +168,7 @@ pub fn measure() -> Result<SchedCosts> {
             migration_ns: (moved - warm).max(0.0),
             preempt_ns: (polluted - warm).max(0.0),
             timeslice_ns: 0.75e6 * (1.0 + log2),
+            spin_ns,
         })
     })
     .join()

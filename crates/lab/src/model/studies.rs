@@ -164,7 +164,8 @@ pub fn seed000_cli(params: Option<&Path>, seconds: f64, out: Option<&Path>) -> R
 pub fn prediction_params(base: &Params, cores: usize) -> Params {
     let mut p = base.clone();
     p.platform.cores = cores;
-    p.platform.background_share = 0.0;
+    p.rx.background_share = 0.0;
+    p.tx.background_share = 0.0;
     p.platform.line_gbit = 100.0;
     p
 }

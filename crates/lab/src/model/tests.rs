@@ -24,7 +24,6 @@ pub(super) fn bare(cores: usize, pool: Pool, readers: usize) -> Params {
             serial_threads_max: 1024,
             rss_skew: 0.0,
             line_gbit: 0.0,
-            background_share: 0.0,
         },
         sched: SchedCosts {
             timeslice_ns: 3e6,
@@ -90,6 +89,7 @@ fn costed(mut p: Params) -> Params {
         host_packet_ns: 300.0,
         reader_batch_ns: 2000.0,
         reader_packet_ns: 200.0,
+        reader_item_ns: 100.0,
         crypt_item_ns: 500.0,
         crypt_packet_ns: 100.0,
         crypt_byte_ns: 0.5,
@@ -106,6 +106,7 @@ fn costed(mut p: Params) -> Params {
         migration_ns: 3000.0,
         preempt_ns: 1000.0,
         timeslice_ns: 3e6,
+        spin_ns: 3000.0,
     };
     p
 }
