@@ -164,7 +164,8 @@ pub fn least_squares(rows: &[(f64, f64, f64)], use_x: [bool; 2]) -> Option<[f64;
         let mean = rows.iter().map(|r| x(r, k)).sum::<f64>() / rows.len().max(1) as f64;
         let var =
             rows.iter().map(|r| (x(r, k) - mean).powi(2)).sum::<f64>() / rows.len().max(1) as f64;
-        if var <= 1e-6 * mean * mean || var == 0.0 {
+        // A column that barely varies cannot be told from the intercept.
+        if var <= (0.05 * mean).powi(2) || var == 0.0 {
             return None;
         }
     }
@@ -184,11 +185,12 @@ pub fn least_squares(rows: &[(f64, f64, f64)], use_x: [bool; 2]) -> Option<[f64;
         if m[i][i].abs() < 1e-12 {
             return None;
         }
-        for j in 0..n {
+        let pivot_row = m[i].clone();
+        for (j, row) in m.iter_mut().enumerate() {
             if j != i {
-                let f = m[j][i] / m[i][i];
-                for k in i..=n {
-                    m[j][k] -= f * m[i][k];
+                let f = row[i] / pivot_row[i];
+                for (x, p) in row.iter_mut().zip(&pivot_row).skip(i) {
+                    *x -= f * p;
                 }
             }
         }

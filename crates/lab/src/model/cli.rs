@@ -271,14 +271,6 @@ fn calibrate_cli(dirs: &[PathBuf], out: &Path) -> Result<()> {
     Ok(())
 }
 
-/// The median of each figure over a validation cell's runs.
-struct CellFigures {
-    goodput: f64,
-    cpu: f64,
-    ppp: f64,
-    n: usize,
-}
-
 fn median(v: &mut [f64]) -> f64 {
     v.sort_by(f64::total_cmp);
     match v.len() {
@@ -307,42 +299,33 @@ impl Row {
     }
 }
 
+/// A validation cell: model, workers, peers, direction.
+type CellKey = (String, usize, usize, Direction);
+
+/// Simulates every cell of `obs` and sets the model's figures beside the medians of
+/// the lab's runs in that cell.
 pub fn validate(params: &Params, obs: &[Observation], seconds: f64) -> Result<Vec<Row>> {
-    let mut cells: std::collections::BTreeMap<
-        (String, usize, usize, Direction),
-        (Observation, CellFigures, Vec<[f64; 3]>),
-    > = Default::default();
+    let mut cells: std::collections::BTreeMap<CellKey, Vec<&Observation>> = Default::default();
     for o in obs {
         let key = (o.model.to_string(), o.workers, o.peers, o.direction);
-        let e = cells.entry(key).or_insert_with(|| {
-            (
-                o.clone(),
-                CellFigures {
-                    goodput: 0.0,
-                    cpu: 0.0,
-                    ppp: 0.0,
-                    n: 0,
-                },
-                Vec::new(),
-            )
-        });
-        e.2.push([o.goodput_gbit, o.cpu_s_per_gb, o.packets_per_poll()]);
+        cells.entry(key).or_default().push(o);
     }
     let mut rows = Vec::new();
-    for ((model, workers, peers, dir), (o, mut f, runs)) in cells {
-        let col = |i: usize| runs.iter().map(|r| r[i]).collect::<Vec<_>>();
-        f.goodput = median(&mut col(0));
-        f.cpu = median(&mut col(1));
-        f.ppp = median(&mut col(2));
-        f.n = runs.len();
+    for ((model, workers, peers, dir), runs) in cells {
+        let col =
+            |f: fn(&Observation) -> f64| median(&mut runs.iter().map(|o| f(o)).collect::<Vec<_>>());
         let mut p = params.clone();
-        p.platform.cores = o.cores;
-        let out: Outcome = simulate(&p, &lab_scenario(&o, seconds))?;
+        p.platform.cores = runs[0].cores;
+        let out: Outcome = simulate(&p, &lab_scenario(runs[0], seconds))?;
         rows.push(Row {
             cell: format!("{model}/{workers} N={peers} {}", dir.name()),
-            lab: (f.goodput, f.cpu, f.ppp),
+            lab: (
+                col(|o| o.goodput_gbit),
+                col(|o| o.cpu_s_per_gb),
+                col(|o| o.packets_per_poll()),
+            ),
             model: (out.goodput_gbit, out.cpu_s_per_gb, out.packets_per_poll),
-            runs: f.n,
+            runs: runs.len(),
         });
     }
     Ok(rows)

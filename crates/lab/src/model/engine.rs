@@ -19,7 +19,7 @@
 //! Invariant: a core runs at most one step at a time, and a context is in exactly one
 //! of: sleeping, waking, queued on one core, running on one core.
 
-use super::pipeline::{Pipeline, Work};
+use super::pipeline::{Pipeline, Signature, Work};
 use super::source::{Schedule, Window};
 use super::{Outcome, Scenario};
 use crate::hist::Histogram;
@@ -173,6 +173,9 @@ pub struct Sim {
     pub counts: SchedCounts,
     pub latency: Histogram,
     background_pending: Vec<f64>,
+    /// The counters when the measured interval began (each core's invocations and
+    /// packets, then the pipeline's), so that the outcome counts that interval only.
+    pub at_warmup: Option<(Vec<(u64, u64)>, Signature)>,
 }
 
 impl Sim {
@@ -204,6 +207,7 @@ impl Sim {
             counts: SchedCounts::default(),
             latency: Histogram::default(),
             background_pending: vec![0.0; cores],
+            at_warmup: None,
         };
         sim.pipe
             .spawn_contexts(&mut sim.ctxs, &sim.params, &sim.scenario);
@@ -228,6 +232,14 @@ impl Sim {
             let t = t_src.min(t_ev);
             if t > self.end {
                 break;
+            }
+            if t >= self.warmup && self.at_warmup.is_none() {
+                let cores = self
+                    .cores
+                    .iter()
+                    .map(|c| (c.invocations, c.serial_packets))
+                    .collect();
+                self.at_warmup = Some((cores, self.pipe.sig.clone()));
             }
             self.now = t;
             self.counts.events += 1;

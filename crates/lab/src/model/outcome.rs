@@ -96,7 +96,11 @@ pub fn gather(sim: &Sim) -> Outcome {
         .map(|c| c.busy_high_ns as f64 / window)
         .collect();
     let spread = crate::cpu::spread(&core_busy).unwrap_or(0.0);
-    let sig = &pipe.sig;
+    let (cores_then, sig_then) = sim
+        .at_warmup
+        .clone()
+        .unwrap_or_else(|| (vec![(0, 0); sim.cores.len()], Default::default()));
+    let sig = &pipe.sig.since(&sig_then);
     let q = |p: f64| sim.latency.quantile(p) as f64 / 1e3;
     let SchedCounts {
         wakeups,
@@ -119,7 +123,8 @@ pub fn gather(sim: &Sim) -> Outcome {
         core_packets_per_poll: sim
             .cores
             .iter()
-            .map(|c| c.serial_packets as f64 / c.invocations.max(1) as f64)
+            .zip(&cores_then)
+            .map(|(c, t)| (c.serial_packets - t.1) as f64 / (c.invocations - t.0).max(1) as f64)
             .collect(),
         empty_share: sig.empty_polls as f64 / sig.invocations.max(1) as f64,
         latency_p50_us: q(0.5),

@@ -205,7 +205,8 @@ impl Params {
             s.preempt_ns,
             s.spin_ns,
         ];
-        if !sched.into_iter().all(finite) || !(s.timeslice_ns.is_finite() && s.timeslice_ns > 0.0) {
+        let slice_ok = s.timeslice_ns.is_finite() && s.timeslice_ns > 0.0;
+        if !(sched.into_iter().all(finite) && slice_ok) {
             return Err("scheduling costs must be finite and ≥ 0, the time slice > 0".into());
         }
         for (dir, c) in [("rx", &self.rx), ("tx", &self.tx)] {

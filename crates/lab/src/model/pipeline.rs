@@ -87,6 +87,9 @@ pub enum Work {
 /// daemon writes packet by packet, rather than all at the end of one long step.
 const DRAIN_CHUNK: usize = 64;
 
+/// Linux's minimum retransmission timeout (TCP_RTO_MIN), 200 ms.
+const RTO_MIN_NS: Ns = 200_000_000;
+
 /// Largest item the `workqueue` model's readers run themselves
 /// (`exec::workqueue::SHORTCUT_MAX_PACKETS`).
 const SHORTCUT_MAX_PACKETS: usize = 4;
@@ -113,6 +116,22 @@ pub struct Signature {
     pub reader_batches: u64,
 }
 
+impl Signature {
+    /// Growth since `earlier`.
+    pub fn since(&self, earlier: &Signature) -> Signature {
+        Signature {
+            invocations: self.invocations - earlier.invocations,
+            packets: self.packets - earlier.packets,
+            batches: self.batches - earlier.batches,
+            empty_polls: self.empty_polls - earlier.empty_polls,
+            head_pending: self.head_pending - earlier.head_pending,
+            budget_exhausted: self.budget_exhausted - earlier.budget_exhausted,
+            crypt_items: self.crypt_items - earlier.crypt_items,
+            reader_batches: self.reader_batches - earlier.reader_batches,
+        }
+    }
+}
+
 pub struct Pipeline {
     peers: Vec<PeerState>,
     host: Vec<VecDeque<(u32, Ns)>>,
@@ -121,8 +140,14 @@ pub struct Pipeline {
     reader_waiting: Vec<bool>,
     shared: VecDeque<Item>,
     per_worker: Vec<VecDeque<Item>>,
-    /// Whether crypt items go to per-core workers round robin (else the shared FIFO).
+    /// Whether workers are pinned one per core, each with a queue of its own for the
+    /// work queued to that core (the `softirq` model; the kernel).
     per_core: bool,
+    /// Whether crypt items go to those queues round robin (wirelane's `softirq`
+    /// model), rather than to the shared FIFO. The kernel deals only the wake-ups
+    /// round robin: its workers all consume one device-wide ring
+    /// (`wg_packet_decrypt_worker`), so a busy core holds no packet hostage.
+    crypt_per_core: bool,
     rr: usize,
     softirq_list: Vec<VecDeque<Pollable>>,
     poller_list: Vec<VecDeque<u32>>,
@@ -180,6 +205,7 @@ impl Pipeline {
             shared: VecDeque::new(),
             per_worker: (0..sc.workers).map(|_| VecDeque::new()).collect(),
             per_core: sc.model == Model::Softirq || p.pool == Pool::PerCore,
+            crypt_per_core: sc.model == Model::Softirq && p.pool == Pool::Shared,
             rr: 0,
             softirq_list: vec![VecDeque::new(); p.cores],
             poller_list: vec![VecDeque::new(); sc.workers],
@@ -283,9 +309,15 @@ impl Pipeline {
         if sim.now >= sim.warmup {
             *place(&mut sim.pipe.drops) += u64::from(n);
         }
-        if !sim.windows.is_empty() {
-            let at = sim.now + sim.rtt;
-            sim.push(at, Event::Lost { peer, packets: n });
+        if let Some(w) = sim.windows.get(peer as usize) {
+            // Enough in flight for three duplicate acknowledgements: fast retransmit
+            // a round trip later; otherwise the retransmission timer.
+            let wait = if w.in_flight >= 4 {
+                sim.rtt
+            } else {
+                RTO_MIN_NS
+            };
+            sim.push(sim.now + wait, Event::Lost { peer, packets: n });
         }
     }
 
@@ -356,10 +388,12 @@ impl Pipeline {
                 Some((Work::Read { packets }, cost))
             }
             Role::Worker(w) => {
-                let item = match pipe.per_core {
-                    true => pipe.per_worker[w].pop_front(),
-                    false => pipe.shared.pop_front(),
-                }?;
+                let own = if pipe.per_core {
+                    pipe.per_worker[w].pop_front()
+                } else {
+                    None
+                };
+                let item = own.or_else(|| pipe.shared.pop_front())?;
                 match item {
                     Item::Crypt { peer, seq, packets } => {
                         pipe.sig.crypt_items += 1;
@@ -610,7 +644,10 @@ impl Pipeline {
             if pipe.per_core {
                 let w = pipe.rr % pipe.per_worker.len();
                 pipe.rr += 1;
-                pipe.per_worker[w].push_back(item);
+                match pipe.crypt_per_core {
+                    true => pipe.per_worker[w].push_back(item),
+                    false => pipe.shared.push_back(item),
+                }
                 let wctx = pipe.worker_ctx[w];
                 sim.wake(wctx, Some(ctx));
             } else {

@@ -163,10 +163,17 @@ impl Window {
     }
 
     /// `n` packets were lost and are sent again; returns how many the window sends now.
+    /// With fewer than four in flight the loss was found by the retransmission timer:
+    /// the window falls to one packet.
     pub fn lost(&mut self, n: u32, now: Ns, rtt: Ns) -> u32 {
+        let timeout = self.in_flight < 4;
         self.in_flight = self.in_flight.saturating_sub(n);
         let halve = self.last_halving.is_none_or(|t| now >= t + rtt);
-        if halve {
+        if timeout {
+            self.ssthresh = (self.cwnd / 2.0).max(2.0);
+            self.cwnd = 1.0;
+            self.last_halving = Some(now);
+        } else if halve {
             self.ssthresh = (self.cwnd / 2.0).max(2.0);
             self.cwnd = self.ssthresh;
             self.last_halving = Some(now);
