@@ -47,6 +47,8 @@ pub struct Observation {
     /// Workers and serial threads or pollers: the crypt and serial stages.
     pub stages_s: f64,
     pub aead_floor_s_per_gb: f64,
+    /// Busiest core's busy share minus the idlest's.
+    pub spread: f64,
     /// Share of each core the daemon did not get (other work, and time the machine
     /// left idle although the daemon was saturated).
     pub background_share: f64,
@@ -111,6 +113,7 @@ fn observe(r: &RunRecord) -> Option<Observation> {
         reader_s,
         stages_s,
         aead_floor_s_per_gb: star.aead_floor_s_per_gb,
+        spread: crate::cpu::spread(&star.core_busy).unwrap_or(0.0),
         background_share: background.min(0.9),
     })
 }
@@ -134,6 +137,7 @@ pub fn observe_outcome(sc: &Scenario, cores: usize, floor: f64, o: &Outcome) -> 
         reader_s: o.busy.reader_s,
         stages_s: o.busy.worker_s + o.busy.serial_s,
         aead_floor_s_per_gb: floor,
+        spread: o.spread,
         background_share: 1.0
             - (o.busy.reader_s + o.busy.worker_s + o.busy.serial_s) / (cores as f64 * o.seconds),
     }

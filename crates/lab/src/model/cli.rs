@@ -282,9 +282,12 @@ fn median(v: &mut [f64]) -> f64 {
 
 /// One validation row: the cell, the lab's medians, the model's figures, the errors.
 pub struct Row {
+    pub key: CellKey,
     pub cell: String,
     pub lab: (f64, f64, f64),
     pub model: (f64, f64, f64),
+    /// Busiest minus idlest core: the lab's median, the model's.
+    pub spread: (f64, f64),
     pub runs: usize,
 }
 
@@ -300,7 +303,7 @@ impl Row {
 }
 
 /// A validation cell: model, workers, peers, direction.
-type CellKey = (String, usize, usize, Direction);
+pub type CellKey = (String, usize, usize, Direction);
 
 /// Simulates every cell of `obs` and sets the model's figures beside the medians of
 /// the lab's runs in that cell.
@@ -311,13 +314,16 @@ pub fn validate(params: &Params, obs: &[Observation], seconds: f64) -> Result<Ve
         cells.entry(key).or_default().push(o);
     }
     let mut rows = Vec::new();
-    for ((model, workers, peers, dir), runs) in cells {
+    for (key, runs) in cells {
+        let (model, workers, peers, dir) = key.clone();
         let col =
             |f: fn(&Observation) -> f64| median(&mut runs.iter().map(|o| f(o)).collect::<Vec<_>>());
         let mut p = params.clone();
         p.platform.cores = runs[0].cores;
         let out: Outcome = simulate(&p, &lab_scenario(runs[0], seconds))?;
         rows.push(Row {
+            key,
+            spread: (col(|o| o.spread), out.spread),
             cell: format!("{model}/{workers} N={peers} {}", dir.name()),
             lab: (
                 col(|o| o.goodput_gbit),
@@ -386,6 +392,52 @@ fn validate_cli(params: Option<&Path>, dirs: &[PathBuf], out: Option<&Path>) -> 
     if let Some(dir) = out {
         std::fs::create_dir_all(dir)?;
         std::fs::write(dir.join("validation.md"), &table)?;
+        std::fs::write(dir.join("validation.html"), validation_charts(&rows, &cpu))?;
     }
     Ok(())
+}
+
+/// The model's curves beside the lab's medians against N, per direction and model:
+/// goodput, packets per poll, and the busiest-minus-idlest core spread.
+pub fn validation_charts(rows: &[Row], cpu: &str) -> String {
+    type Figure = fn(&Row) -> ((f64, f64), &'static str);
+    let figures: [(&str, Figure); 3] = [
+        ("goodput", |r| ((r.lab.0, r.model.0), "Gbit/s")),
+        ("packets per poll", |r| ((r.lab.2, r.model.2), "packets")),
+        ("core spread", |r| (r.spread, "busiest − idlest")),
+    ];
+    let mut out = format!(
+        "<!doctype html><meta charset=utf-8><title>model against the lab</title>\
+         <body><p>Model (lines marked model) against the lab's medians (marked lab), {cpu}.</p>"
+    );
+    let mut groups: Vec<(String, Direction)> =
+        rows.iter().map(|r| (r.key.0.clone(), r.key.3)).collect();
+    groups.dedup();
+    groups.sort();
+    groups.dedup();
+    for (model, dir) in groups {
+        out.push_str(&format!("<h2>{model}, {}</h2><div>", dir.name()));
+        for (what, f) in figures {
+            let mut series: Vec<(String, Vec<(usize, f64)>)> = Vec::new();
+            let mut unit = "";
+            for r in rows.iter().filter(|r| r.key.0 == model && r.key.3 == dir) {
+                let ((lab, sim), u) = f(r);
+                unit = u;
+                for (who, v) in [("lab", lab), ("model", sim)] {
+                    let name = format!("{} workers, {who}", r.key.1);
+                    match series.iter_mut().find(|s| s.0 == name) {
+                        Some(s) => s.1.push((r.key.2, v)),
+                        None => series.push((name, vec![(r.key.2, v)])),
+                    }
+                }
+            }
+            out.push_str(&crate::star::report::line_chart(
+                &format!("{what} against N"),
+                unit,
+                &series,
+            ));
+        }
+        out.push_str("</div>");
+    }
+    out
 }

@@ -107,8 +107,9 @@ pub struct Platform {
     /// Reader threads (wirelane: one per socket or TUN queue). 0: the reader stage runs
     /// in the host's softirq, as the kernel's receive path does.
     pub reader_threads: usize,
-    /// Whether the reader gathers a batch's packets per peer into one crypt item
-    /// (wirelane) or queues every packet alone (the kernel's per-packet ring).
+    /// Whether the reader gathers packets per peer into one crypt item (wirelane: on
+    /// receive each run of one peer's consecutive packets, on transmit all of a peer's
+    /// packets in the read) or queues every packet alone (the kernel's per-packet ring).
     pub group_by_peer: bool,
     /// Packets one read takes at most.
     pub reader_batch: usize,

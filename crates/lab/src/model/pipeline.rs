@@ -587,7 +587,16 @@ impl Pipeline {
         let plat = &sim.params.platform;
         let (peer_cap, ring_cap) = (plat.peer_queue_packets, plat.crypt_ring_packets);
         let mut groups: Vec<(u32, u32, Ns)> = Vec::new();
-        if plat.group_by_peer {
+        if plat.group_by_peer && sim.pipe.dir == Direction::Rx {
+            // Classify: each run of consecutive packets of one peer is one item.
+            for (p, t) in packets {
+                match groups.last_mut() {
+                    Some(g) if g.0 == p => g.1 += 1,
+                    _ => groups.push((p, 1, t)),
+                }
+            }
+        } else if plat.group_by_peer {
+            // Route: all of a peer's packets in the read are one item, in order.
             for (p, t) in packets {
                 match groups.iter_mut().find(|g| g.0 == p) {
                     Some(g) => g.1 += 1,

@@ -278,6 +278,7 @@ fn calibration_recovers_known_parameters_from_synthetic_runs() {
                         reader_s: 0.0,
                         stages_s: 0.0,
                         aead_floor_s_per_gb: 0.55,
+                        spread: 0.0,
                         background_share: 0.0,
                     };
                     let sc = lab_scenario(&shape, 0.4);
