@@ -187,7 +187,7 @@ fn run_one(a: &RunArgs) -> Result<()> {
     );
     println!(
         "drops: host {} socket {} crypt ring {} peer queue {}; {} threads; {} events in {wall:.2} s",
-        o.drops.host, o.drops.socket, o.drops.crypt_ring, o.drops.peer_queue, o.threads, o.events
+        o.drops.host, o.drops.socket, o.drops.crypt_ring, o.drops.peer_queue, o.threads, o.sched.events
     );
     Ok(())
 }

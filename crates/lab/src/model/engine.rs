@@ -140,7 +140,7 @@ pub enum Event {
 }
 
 /// Scheduling counters.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct SchedCounts {
     pub wakeups: u64,
     pub switches: u64,

@@ -4,7 +4,9 @@
 //! - `params`: the platform, per-stage and scheduling costs, as TOML with provenance;
 //! - `source`: when peers send (paced or Poisson, open loop or window-limited);
 //! - `engine`: cores, contexts and their scheduling, the event loop;
-//! - `pipeline`: the stages and where each execution model runs them;
+//! - `pipeline`: the pipeline's state, and each context's next step and its effects;
+//!   `ingress` the host and the reader stage, `serial` the serial stage and where each
+//!   execution model runs it;
 //! - `outcome`: what a run reports, in the lab's terms;
 //! - `calibrate`: fitting a wirelane parameter set from lab runs, with `probe`
 //!   measuring the scheduling costs;
@@ -13,10 +15,12 @@
 pub mod calibrate;
 pub mod cli;
 pub mod engine;
+mod ingress;
 pub mod outcome;
 pub mod params;
 pub mod pipeline;
 pub mod probe;
+mod serial;
 pub mod source;
 pub mod studies;
 

@@ -48,12 +48,7 @@ pub struct Outcome {
     pub signature: Signature,
     pub busy: RoleBusy,
     pub threads: usize,
-    pub wakeups: u64,
-    pub switches: u64,
-    pub involuntary: u64,
-    pub migrations: u64,
-    pub preemptions: u64,
-    pub events: u64,
+    pub sched: SchedCounts,
 }
 
 pub fn gather(sim: &Sim) -> Outcome {
@@ -102,14 +97,6 @@ pub fn gather(sim: &Sim) -> Outcome {
         .unwrap_or_else(|| (vec![(0, 0); sim.cores.len()], Default::default()));
     let sig = &pipe.sig.since(&sig_then);
     let q = |p: f64| sim.latency.quantile(p) as f64 / 1e3;
-    let SchedCounts {
-        wakeups,
-        switches,
-        involuntary,
-        migrations,
-        preemptions,
-        events,
-    } = sim.counts.clone();
     Outcome {
         seconds,
         offered_gbit: bits(pipe.offered),
@@ -142,11 +129,6 @@ pub fn gather(sim: &Sim) -> Outcome {
                 .iter()
                 .filter(|c| matches!(c.role, Role::Poller(_)))
                 .count(),
-        wakeups,
-        switches,
-        involuntary,
-        migrations,
-        preemptions,
-        events,
+        sched: sim.counts.clone(),
     }
 }

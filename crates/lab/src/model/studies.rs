@@ -58,23 +58,18 @@ fn busiest_and_rest(o: &Outcome) -> (f64, f64, f64, f64) {
         .copied()
         .enumerate()
         .fold((0, 0.0), |a, (i, b)| if b > a.1 { (i, b) } else { a });
-    let others: Vec<f64> = o
-        .core_busy
-        .iter()
-        .enumerate()
-        .filter(|(j, _)| *j != i)
-        .map(|(_, b)| *b)
-        .collect();
-    let rest = others.iter().sum::<f64>() / others.len().max(1) as f64;
-    let ppp_rest: Vec<f64> = o
-        .core_packets_per_poll
-        .iter()
-        .enumerate()
-        .filter(|(j, _)| *j != i)
-        .map(|(_, p)| *p)
-        .collect();
-    let ppp_rest = ppp_rest.iter().sum::<f64>() / ppp_rest.len().max(1) as f64;
-    (busiest, rest, o.core_packets_per_poll[i], ppp_rest)
+    // The mean over every core but the busiest.
+    let rest = |v: &[f64]| {
+        let others: Vec<f64> = v
+            .iter()
+            .enumerate()
+            .filter(|(j, _)| *j != i)
+            .map(|(_, x)| *x)
+            .collect();
+        others.iter().sum::<f64>() / others.len().max(1) as f64
+    };
+    let ppp = &o.core_packets_per_poll;
+    (busiest, rest(&o.core_busy), ppp[i], rest(ppp))
 }
 
 pub fn seed000_table(rows: &[(Model, usize, f64, Outcome)]) -> String {

@@ -147,10 +147,10 @@ fn runs_are_reproducible_and_seeds_matter() {
     let sc = light(Model::Softirq, Direction::Rx, 100);
     let a = simulate(&p, &sc).unwrap();
     let b = simulate(&p, &sc).unwrap();
-    assert_eq!(a.events, b.events);
+    assert_eq!(a.sched.events, b.sched.events);
     assert_eq!(a.latency_p99_us, b.latency_p99_us);
     let c = simulate(&p, &Scenario { seed: 2, ..sc }).unwrap();
-    assert_ne!(a.events, c.events);
+    assert_ne!(a.sched.events, c.sched.events);
 }
 
 #[test]

@@ -1,0 +1,226 @@
+//! The host and the reader stage of the simulated pipeline: bursts reach the host
+//! queue of their RSS core (or, where the host's delivery costs these cores nothing,
+//! the reader's socket at once); the host's softirq hands them to the reader's socket
+//! (or, in the kernel, classifies them itself); a read takes a batch, groups it into
+//! items per peer, queues each in its peer's ordered queue and deals it to the crypt
+//! stage, or runs it on the reader (the `workqueue` model's idle shortcut).
+
+use super::engine::{Event, Ns, Role, Sim, State};
+use super::params::Direction;
+use super::pipeline::{
+    Drops, Entry, Item, Pipeline, Pollable, Work, RTO_MIN_NS, SHORTCUT_MAX_PACKETS,
+};
+use wirelane_dataplane::exec::Model;
+
+impl Pipeline {
+    /// `n` packets of `peer` reach the host: its RSS queue, or a drop when that is full.
+    /// Where the host's delivery costs nothing on these cores (the lab's veth path,
+    /// where the sender's own thread pays for it), they go straight to the socket.
+    pub fn arrive(sim: &mut Sim, peer: u32, n: u32, now: Ns) {
+        if sim.pipe.costs.host_packet_ns == 0.0 && sim.params.platform.reader_threads > 0 {
+            if now >= sim.warmup {
+                sim.pipe.offered += u64::from(n);
+            }
+            let packets = vec![(peer, now); n as usize];
+            Self::to_sockets(sim, packets, None);
+            return;
+        }
+        let q = sim.pipe.peers[peer as usize].host_queue;
+        let room = sim
+            .params
+            .platform
+            .host_queue_packets
+            .saturating_sub(sim.pipe.host[q].len());
+        let taken = (n as usize).min(room);
+        sim.pipe.host[q].extend(std::iter::repeat_n((peer, now), taken));
+        if now >= sim.warmup {
+            sim.pipe.offered += u64::from(n);
+        }
+        let lost = n - taken as u32;
+        if lost > 0 {
+            Self::lose(sim, peer, lost, |d| &mut d.host);
+        }
+        if taken > 0 && !sim.pipe.host_listed[q] {
+            sim.pipe.host_listed[q] = true;
+            sim.pipe.softirq_list[q].push_back(Pollable::Host(q));
+            let ctx = sim.pipe.softirq_ctx[q];
+            sim.raise(ctx);
+        }
+    }
+
+    pub(super) fn lose(sim: &mut Sim, peer: u32, n: u32, place: fn(&mut Drops) -> &mut u64) {
+        if sim.now >= sim.warmup {
+            *place(&mut sim.pipe.drops) += u64::from(n);
+        }
+        if let Some(w) = sim.windows.get(peer as usize) {
+            // Enough in flight for three duplicate acknowledgements: fast retransmit
+            // a round trip later; otherwise the retransmission timer.
+            let wait = if w.in_flight >= 4 {
+                sim.rtt
+            } else {
+                RTO_MIN_NS
+            };
+            sim.push(sim.now + wait, Event::Lost { peer, packets: n });
+        }
+    }
+
+    pub(super) fn to_sockets(sim: &mut Sim, packets: Vec<(u32, Ns)>, waker: Option<usize>) {
+        let cap = sim.params.platform.socket_packets;
+        let mut touched = [false; 64];
+        for (peer, t) in packets {
+            let r = sim.pipe.peers[peer as usize].reader;
+            if sim.pipe.sockets[r].len() >= cap {
+                Self::lose(sim, peer, 1, |d| &mut d.socket);
+                continue;
+            }
+            sim.pipe.sockets[r].push_back((peer, t));
+            touched[r % 64] = true;
+        }
+        for r in 0..sim.pipe.sockets.len() {
+            if touched[r % 64] && !sim.pipe.reader_waiting[r] {
+                let ctx = sim.pipe.reader_ctx[r];
+                sim.wake(ctx, waker);
+            }
+        }
+    }
+
+    /// Packets one read takes from reader `r`'s queue: `batch` datagrams, where on
+    /// receive a datagram is a run of one peer's packets that UDP GRO coalesced (at
+    /// most 64 KiB of them), so a read never splits a sender's GSO burst.
+    pub(super) fn read_len(&self, r: usize, batch: usize) -> usize {
+        let q = &self.sockets[r];
+        if self.dir == Direction::Tx {
+            return batch.min(q.len());
+        }
+        let per_run = (65_535 / (self.size as usize + 60)).max(1);
+        let (mut n, mut runs, mut run_len) = (0, 0, 0);
+        let mut last = None;
+        for &(p, _) in q.iter() {
+            if last == Some(p) && run_len < per_run {
+                run_len += 1;
+            } else {
+                if runs == batch {
+                    break;
+                }
+                runs += 1;
+                run_len = 1;
+                last = Some(p);
+            }
+            n += 1;
+        }
+        n
+    }
+
+    /// Classify (RX) or route (TX): packets into per-peer entries, each queued in order
+    /// and dealt to the crypt stage.
+    pub(super) fn ingest(sim: &mut Sim, packets: Vec<(u32, Ns)>, core: usize, ctx: usize) {
+        let plat = &sim.params.platform;
+        let (peer_cap, ring_cap) = (plat.peer_queue_packets, plat.crypt_ring_packets);
+        let mut groups: Vec<(u32, u32, Ns)> = Vec::new();
+        if plat.group_by_peer && sim.pipe.dir == Direction::Rx {
+            // Classify: each run of consecutive packets of one peer is one item.
+            for (p, t) in packets {
+                match groups.last_mut() {
+                    Some(g) if g.0 == p => g.1 += 1,
+                    _ => groups.push((p, 1, t)),
+                }
+            }
+        } else if plat.group_by_peer {
+            // Route: all of a peer's packets in the read are one item, in order.
+            for (p, t) in packets {
+                match groups.iter_mut().find(|g| g.0 == p) {
+                    Some(g) => g.1 += 1,
+                    None => groups.push((p, 1, t)),
+                }
+            }
+        } else {
+            groups = packets.into_iter().map(|(p, t)| (p, 1, t)).collect();
+        }
+        for (peer, n, arrived) in groups {
+            let pipe = &mut sim.pipe;
+            if pipe.peers[peer as usize].queued + n as usize > peer_cap {
+                Self::lose(sim, peer, n, |d| &mut d.peer_queue);
+                continue;
+            }
+            if ring_cap > 0 && pipe.crypt_ring + n as usize > ring_cap {
+                Self::lose(sim, peer, n, |d| &mut d.crypt_ring);
+                continue;
+            }
+            let pe = &mut pipe.peers[peer as usize];
+            let seq = pe.head_seq + pe.queue.len() as u64;
+            pe.queue.push_back(Entry {
+                packets: n,
+                done: false,
+                arrived,
+            });
+            pe.queued += n as usize;
+            pipe.inflight += n as usize;
+            pipe.crypt_ring += n as usize;
+            sim.ctxs[ctx].work_debt_ns += pipe.costs.reader_item_ns;
+            if Self::shortcut(sim, ctx, n as usize) {
+                // The reader seals or opens it itself (see `shortcut`).
+                let cost = Self::crypt_cost(&sim.pipe, n);
+                sim.ctxs[ctx].work_debt_ns += cost;
+                sim.pipe.sig.crypt_items += 1;
+                Self::complete(
+                    sim,
+                    ctx,
+                    Work::Crypt {
+                        peer,
+                        seq,
+                        packets: n,
+                    },
+                    core,
+                );
+                continue;
+            }
+            let pipe = &mut sim.pipe;
+            let item = Item::Crypt {
+                peer,
+                seq,
+                packets: n,
+            };
+            if pipe.per_core {
+                let w = pipe.rr % pipe.per_worker.len();
+                pipe.rr += 1;
+                match pipe.crypt_per_core {
+                    true => pipe.per_worker[w].push_back(item),
+                    false => pipe.shared.push_back(item),
+                }
+                let wctx = pipe.worker_ctx[w];
+                sim.wake(wctx, Some(ctx));
+            } else {
+                pipe.shared.push_back(item);
+                Self::wake_a_worker(sim, ctx);
+            }
+        }
+    }
+
+    /// The `workqueue` model's idle shortcut (`exec::workqueue`): a reader that finds
+    /// the shared FIFO empty runs an item of at most 4 packets itself, rather than
+    /// waking a worker for it. Its cost is the reader's.
+    pub(super) fn shortcut(sim: &Sim, ctx: usize, packets: usize) -> bool {
+        sim.pipe.model == Model::Workqueue
+            && !sim.pipe.per_core
+            && matches!(sim.ctxs[ctx].role, Role::Reader(_))
+            && packets <= SHORTCUT_MAX_PACKETS
+            && sim.pipe.shared.is_empty()
+    }
+
+    pub(super) fn crypt_cost(pipe: &Pipeline, packets: u32) -> f64 {
+        let c = &pipe.costs;
+        c.crypt_item_ns + f64::from(packets) * (c.crypt_packet_ns + pipe.size * c.crypt_byte_ns)
+    }
+
+    pub(super) fn wake_a_worker(sim: &mut Sim, waker: usize) {
+        let sleeping = sim
+            .pipe
+            .worker_ctx
+            .iter()
+            .copied()
+            .find(|&w| sim.ctxs[w].state == State::Sleeping);
+        if let Some(w) = sleeping {
+            sim.wake(w, Some(waker));
+        }
+    }
+}
