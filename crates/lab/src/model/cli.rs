@@ -85,6 +85,10 @@ pub struct RunArgs {
     /// Cores (default: the parameter set's).
     #[arg(long)]
     pub cores: Option<usize>,
+    /// Reader threads (default: the parameter set's; wirelane has one per socket
+    /// today, so more is a what-if: SO_REUSEPORT sockets or multi-queue TUN).
+    #[arg(long)]
+    pub readers: Option<usize>,
     #[arg(long, default_value_t = 1000)]
     pub peers: usize,
     #[arg(long, default_value = "rx")]
@@ -140,6 +144,12 @@ fn run_one(a: &RunArgs) -> Result<()> {
     let mut p = params_or(a.params.as_deref(), builtin)?;
     if let Some(c) = a.cores {
         p.platform.cores = c;
+    }
+    if let Some(r) = a.readers {
+        if !(1..=1024).contains(&r) || p.platform.reader_threads == 0 {
+            return Err("--readers must be 1 to 1024, on a parameter set with reader threads".into());
+        }
+        p.platform.reader_threads = r;
     }
     let sc = Scenario {
         model: a.model,
