@@ -147,7 +147,9 @@ fn run_one(a: &RunArgs) -> Result<()> {
     }
     if let Some(r) = a.readers {
         if !(1..=1024).contains(&r) || p.platform.reader_threads == 0 {
-            return Err("--readers must be 1 to 1024, on a parameter set with reader threads".into());
+            return Err(
+                "--readers must be 1 to 1024, on a parameter set with reader threads".into(),
+            );
         }
         p.platform.reader_threads = r;
     }
