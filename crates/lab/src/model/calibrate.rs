@@ -143,17 +143,9 @@ pub fn observe_outcome(sc: &Scenario, cores: usize, floor: f64, o: &Outcome) -> 
     }
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    if v.is_empty() {
-        return 0.0;
-    }
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
+/// The median, 0 for no values.
+fn median(v: Vec<f64>) -> f64 {
+    crate::stats::median(&v).unwrap_or(0.0)
 }
 
 /// Least squares of y = a + b·x1 + c·x2 over the columns `use_x` selects (an unused

@@ -283,15 +283,6 @@ fn calibrate_cli(dirs: &[PathBuf], out: &Path) -> Result<()> {
     Ok(())
 }
 
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    match v.len() {
-        0 => f64::NAN,
-        n if n % 2 == 1 => v[n / 2],
-        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
-}
-
 /// One validation row: the cell, the lab's medians, the model's figures, the errors.
 pub struct Row {
     pub key: CellKey,
@@ -328,8 +319,9 @@ pub fn validate(params: &Params, obs: &[Observation], seconds: f64) -> Result<Ve
     let mut rows = Vec::new();
     for (key, runs) in cells {
         let (model, workers, peers, dir) = key.clone();
-        let col =
-            |f: fn(&Observation) -> f64| median(&mut runs.iter().map(|o| f(o)).collect::<Vec<_>>());
+        let col = |f: fn(&Observation) -> f64| {
+            crate::stats::median(&runs.iter().map(|o| f(o)).collect::<Vec<_>>()).unwrap_or(f64::NAN)
+        };
         let mut p = params.clone();
         p.platform.cores = runs[0].cores;
         let out: Outcome = simulate(&p, &lab_scenario(runs[0], seconds))?;
