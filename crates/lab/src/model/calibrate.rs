@@ -301,27 +301,15 @@ pub fn wirelane_platform(cores: usize) -> Platform {
     }
 }
 
-/// The scenario the lab ran for an observation: the star generator sends each peer's
-/// packets in GSO runs of up to 45 (64 KiB of 1,452-byte datagrams); the transmit
-/// sender rotates over peers packet by packet. Unlimited transmit is offered 20 Gbit/s.
+/// The scenario the lab ran for an observation (`Scenario::star`). Unlimited
+/// transmit is offered 20 Gbit/s.
 pub fn lab_scenario(o: &Observation, seconds: f64) -> Scenario {
-    let burst = match o.direction {
-        Direction::Rx => 45,
-        Direction::Tx => 1,
-    };
     Scenario {
-        model: o.model,
-        workers: o.workers,
-        peers: o.peers,
-        direction: o.direction,
         size: o.size,
         offered_gbit: o.offered_gbit.unwrap_or(20.0),
-        burst,
-        poisson: false,
-        tcp_rtt_us: None,
         seconds,
         warmup_s: seconds / 5.0,
-        seed: 1,
+        ..Scenario::star(o.model, o.workers, o.peers, o.direction)
     }
 }
 

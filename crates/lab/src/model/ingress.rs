@@ -17,10 +17,10 @@ impl Pipeline {
     /// Where the host's delivery costs nothing on these cores (the lab's veth path,
     /// where the sender's own thread pays for it), they go straight to the socket.
     pub fn arrive(sim: &mut Sim, peer: u32, n: u32, now: Ns) {
+        if now >= sim.warmup {
+            sim.pipe.offered += u64::from(n);
+        }
         if sim.pipe.costs.host_packet_ns == 0.0 && sim.params.platform.reader_threads > 0 {
-            if now >= sim.warmup {
-                sim.pipe.offered += u64::from(n);
-            }
             let packets = vec![(peer, now); n as usize];
             Self::to_sockets(sim, packets, None);
             return;
@@ -33,9 +33,6 @@ impl Pipeline {
             .saturating_sub(sim.pipe.host[q].len());
         let taken = (n as usize).min(room);
         sim.pipe.host[q].extend(std::iter::repeat_n((peer, now), taken));
-        if now >= sim.warmup {
-            sim.pipe.offered += u64::from(n);
-        }
         let lost = n - taken as u32;
         if lost > 0 {
             Self::lose(sim, peer, lost, |d| &mut d.host);
@@ -66,7 +63,6 @@ impl Pipeline {
 
     pub(super) fn to_sockets(sim: &mut Sim, packets: Vec<(u32, Ns)>, waker: Option<usize>) {
         let cap = sim.params.platform.socket_packets;
-        let mut touched = [false; 64];
         for (peer, t) in packets {
             let r = sim.pipe.peers[peer as usize].reader;
             if sim.pipe.sockets[r].len() >= cap {
@@ -74,10 +70,12 @@ impl Pipeline {
                 continue;
             }
             sim.pipe.sockets[r].push_back((peer, t));
-            touched[r % 64] = true;
         }
+        // A reader sleeps only with an empty socket or while it waits for room (then
+        // its own timer wakes it): one with data and not waiting is woken (`wake`
+        // ignores a reader that is awake).
         for r in 0..sim.pipe.sockets.len() {
-            if touched[r % 64] && !sim.pipe.reader_waiting[r] {
+            if !sim.pipe.sockets[r].is_empty() && !sim.pipe.reader_waiting[r] {
                 let ctx = sim.pipe.reader_ctx[r];
                 sim.wake(ctx, waker);
             }
@@ -181,14 +179,17 @@ impl Pipeline {
                 packets: n,
             };
             if pipe.per_core {
+                // Dealt round robin: the item itself (wirelane's `softirq`), or only
+                // the wake-up, the item going to the shared ring (the kernel).
                 let w = pipe.rr % pipe.per_worker.len();
                 pipe.rr += 1;
-                match pipe.crypt_per_core {
-                    true => pipe.per_worker[w].push_back(item),
-                    false => pipe.shared.push_back(item),
+                if pipe.crypt_per_core {
+                    Self::to_worker(sim, w, item, ctx);
+                } else {
+                    pipe.shared.push_back(item);
+                    let wctx = pipe.worker_ctx[w];
+                    sim.wake(wctx, Some(ctx));
                 }
-                let wctx = pipe.worker_ctx[w];
-                sim.wake(wctx, Some(ctx));
             } else {
                 pipe.shared.push_back(item);
                 Self::wake_a_worker(sim, ctx);
@@ -210,6 +211,13 @@ impl Pipeline {
     pub(super) fn crypt_cost(pipe: &Pipeline, packets: u32) -> f64 {
         let c = &pipe.costs;
         c.crypt_item_ns + f64::from(packets) * (c.crypt_packet_ns + pipe.size * c.crypt_byte_ns)
+    }
+
+    /// Queues `item` on worker `w`'s own queue and wakes it.
+    pub(super) fn to_worker(sim: &mut Sim, w: usize, item: Item, waker: usize) {
+        sim.pipe.per_worker[w].push_back(item);
+        let wctx = sim.pipe.worker_ctx[w];
+        sim.wake(wctx, Some(waker));
     }
 
     pub(super) fn wake_a_worker(sim: &mut Sim, waker: usize) {

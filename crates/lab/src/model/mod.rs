@@ -63,7 +63,9 @@ pub struct Scenario {
 }
 
 impl Scenario {
-    /// A saturating open-loop run of `peers` peers, as the lab's star cells.
+    /// A saturating open-loop run of `peers` peers, as the lab's star cells send:
+    /// on receive each peer's GSO runs of 45 packets (64 KiB of 1,452-byte
+    /// datagrams), on transmit packets rotating over the peers.
     pub fn star(model: Model, workers: usize, peers: usize, direction: Direction) -> Scenario {
         Scenario {
             model,
@@ -72,7 +74,10 @@ impl Scenario {
             direction,
             size: 1420,
             offered_gbit: 8.0,
-            burst: 8,
+            burst: match direction {
+                Direction::Rx => 45,
+                Direction::Tx => 1,
+            },
             poisson: false,
             tcp_rtt_us: None,
             seconds: 0.5,

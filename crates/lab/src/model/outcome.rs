@@ -124,11 +124,7 @@ pub fn gather(sim: &Sim) -> Outcome {
         threads: pipe.reader_ctx.len()
             + pipe.worker_ctx.len()
             + pipe.thread_ctx.len()
-            + sim
-                .ctxs
-                .iter()
-                .filter(|c| matches!(c.role, Role::Poller(_)))
-                .count(),
+            + pipe.poller_ctx.len(),
         sched: sim.counts.clone(),
     }
 }

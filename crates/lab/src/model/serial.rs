@@ -69,13 +69,11 @@ impl Pipeline {
                 s.head_pending += 1;
             }
         }
-        if pe.queue.front().is_some_and(|e| e.done) {
-            if budget == usize::MAX {
-                // The drain goes on in this context's next step.
-                sim.ctxs[ctx].continuation = Some(peer);
-                Self::count_softirq(sim, ctx, packets as usize);
-                return;
-            }
+        let more = pe.queue.front().is_some_and(|e| e.done);
+        if more && budget == usize::MAX {
+            // The drain goes on in this context's next step.
+            sim.ctxs[ctx].continuation = Some(peer);
+        } else if more {
             if packets as usize >= budget {
                 s.budget_exhausted += 1;
             }
@@ -108,17 +106,13 @@ impl Pipeline {
         if fixed_tx {
             // A peer's transmit work runs on a core fixed per peer, at worker priority.
             let w = peer as usize % pipe.per_worker.len();
-            pipe.per_worker[w].push_back(Item::Serial { peer });
-            let wctx = pipe.worker_ctx[w];
-            sim.wake(wctx, Some(waker));
+            Self::to_worker(sim, w, Item::Serial { peer }, waker);
             return;
         }
         match pipe.model {
             Model::Workqueue if percore_pool => {
                 let w = pipe.worker_on_core[core];
-                pipe.per_worker[w].push_back(Item::Serial { peer });
-                let wctx = pipe.worker_ctx[w];
-                sim.wake(wctx, Some(waker));
+                Self::to_worker(sim, w, Item::Serial { peer }, waker);
             }
             Model::Workqueue => {
                 let queued = pipe.peers[peer as usize].queued;

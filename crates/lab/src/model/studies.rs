@@ -26,18 +26,12 @@ pub const SEED000_PAPER: [(Model, usize, f64); 4] = [
 /// Seed 000's receive scenario with `clients` clients under `model`.
 pub fn seed000_scenario(params: &Params, model: Model, clients: usize, seconds: f64) -> Scenario {
     Scenario {
-        model,
-        workers: params.platform.cores,
-        peers: clients,
-        direction: Direction::Rx,
-        size: 1420,
         offered_gbit: clients as f64 * SEED000_CLIENT_GBIT,
         burst: 4,
-        poisson: false,
         tcp_rtt_us: Some(SEED000_RTT_US),
         seconds,
         warmup_s: seconds / 4.0,
-        seed: 1,
+        ..Scenario::star(model, params.platform.cores, clients, Direction::Rx)
     }
 }
 
@@ -176,21 +170,10 @@ pub fn prediction_scenario(
     seconds: f64,
 ) -> Scenario {
     Scenario {
-        model,
-        workers,
-        peers,
-        direction: dir,
-        size: 1420,
         offered_gbit: peers as f64 * SEED000_CLIENT_GBIT,
-        burst: match dir {
-            Direction::Rx => 45,
-            Direction::Tx => 1,
-        },
-        poisson: false,
-        tcp_rtt_us: None,
         seconds,
         warmup_s: seconds / 5.0,
-        seed: 1,
+        ..Scenario::star(model, workers, peers, dir)
     }
 }
 
