@@ -155,6 +155,12 @@ struct Moved {
 
 impl Moved {
     fn new() -> Moved {
+        Moved::over("127.0.0.1")
+    }
+
+    /// Two tunnels whose outer datagrams go over ns0's loopback address `lo`
+    /// (`127.0.0.1` or `[::1]`).
+    fn over(lo: &str) -> Moved {
         require_root();
         let (ns0, ns1, ns2) = (Netns::fresh(), Netns::fresh(), Netns::fresh());
         let (d1, d2) = (Daemon::start(WIRELANE, &ns0), Daemon::start(WIRELANE, &ns0));
@@ -164,7 +170,7 @@ impl Moved {
             std::fs::write(&key, &own.private).unwrap();
             d.wg(&format!(
                 "set IF private-key {} listen-port {n} peer {} allowed-ips 192.168.241.{}/32 \
-                 endpoint 127.0.0.1:{}",
+                 endpoint {lo}:{}",
                 key.display(),
                 other.public,
                 3 - n,
@@ -253,6 +259,43 @@ fn padding_follows_the_mtu_of_a_moved_interface_and_its_routes() {
         8 << 20,
         std::time::Duration::from_secs(60),
     );
+}
+
+/// The outer header carries the inner packet's ECN field as RFC 6040 asks of a
+/// tunnel's ingress and as the kernel's WireGuard sets it: ECT(0) and ECT(1) copied, CE
+/// sent as ECT(0), Not-ECT kept, and the DSCP never copied. Routers between the ends
+/// can then mark congestion on the outer header, which the receiving end carries on to
+/// the inner one (decapsulation, `rx_aqm`). Both outer families.
+#[test]
+fn the_outer_header_carries_the_inner_ecn_field() {
+    for (lo, iptables) in [("127.0.0.1", "iptables"), ("[::1]", "ip6tables")] {
+        let m = Moved::over(lo);
+        // The handshake first: its messages are Not-ECT and not counted below.
+        m.ns1.run_ok("ping -c 1 -W 5 192.168.241.2 >/dev/null");
+        // d1's data datagrams (to port 2, longer than a keepalive), one counter per
+        // outer ECN field, each with DSCP 0.
+        m.ns0.run_ok(&format!(
+            "for e in 0 1 2 3; do {iptables} -A INPUT -p udp --dport 2 \
+             -m length --length 100:65535 -m dscp --dscp 0 -m ecn --ecn-ip-ect $e; done"
+        ));
+        for (inner, outer) in [(0, 0), (1, 1), (2, 2), (3, 2)] {
+            m.ns0.run_ok(&format!("{iptables} -Z INPUT"));
+            // DSCP EF (0xb8) with the ECN field under test.
+            m.ns1.run_ok(&format!(
+                "ping -c 3 -i 0.2 -W 5 -Q {} 192.168.241.2 >/dev/null",
+                0xb8 | inner
+            ));
+            let out = m.ns0.run_ok(&format!("{iptables} -L INPUT -v -n -x"));
+            let counts: Vec<u64> = out
+                .lines()
+                .filter(|l| l.contains("ECN match"))
+                .map(|l| l.split_whitespace().next().unwrap().parse().unwrap())
+                .collect();
+            let mut want = [0u64; 4];
+            want[outer] = 3;
+            assert_eq!(counts, want, "{lo}: inner ECN {inner:#b}\n{out}");
+        }
+    }
 }
 
 /// A packet no peer routes is answered with an ICMP (ICMPv6) destination-unreachable

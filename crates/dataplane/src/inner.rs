@@ -50,6 +50,8 @@ pub fn parse(pkt: &[u8]) -> Option<InnerHeader> {
 /// The ECN codepoints (RFC 3168 §5), the low two bits of the IPv4 TOS byte or of the
 /// IPv6 traffic class.
 pub const NOT_ECT: u8 = 0b00;
+pub const ECT_1: u8 = 0b01;
+pub const ECT_0: u8 = 0b10;
 pub const CE: u8 = 0b11;
 
 /// A hash of the packet's flow: addresses, protocol and, for TCP, UDP, UDP-Lite and
@@ -87,6 +89,18 @@ pub fn ecn(pkt: &[u8]) -> u8 {
         Some(4) if pkt.len() >= 20 => pkt[1] & 0b11,
         Some(6) if pkt.len() >= 40 => (pkt[1] >> 4) & 0b11,
         _ => NOT_ECT,
+    }
+}
+
+/// The ECN field of the outer header that carries `pkt` (RFC 6040 §4.1, as the
+/// kernel's tunnels set it): ECT(0) and ECT(1) are copied, so that routers between the
+/// tunnel's ends may mark the outer header (`rx_aqm` carries a mark on to the inner
+/// one); a CE packet travels as ECT(0), since its inner header already carries the mark
+/// to the receiver; Not-ECT stays Not-ECT, as does anything not IP (a keepalive).
+pub fn encapsulated_ecn(pkt: &[u8]) -> u8 {
+    match ecn(pkt) {
+        CE => ECT_0,
+        other => other,
     }
 }
 
@@ -158,6 +172,29 @@ mod tests {
         let h = parse(&v6).unwrap();
         assert_eq!(h.src, "::1".parse::<IpAddr>().unwrap());
         assert_eq!(h.total_len, 48);
+    }
+
+    /// RFC 6040 §4.1 as the kernel's tunnels do it: ECT copied, CE sent as ECT(0),
+    /// in both families; anything not IP (a keepalive's empty payload) is Not-ECT.
+    #[test]
+    fn the_outer_ecn_field_follows_the_inner_one() {
+        let mut v4 = [0u8; 20];
+        v4[0] = 0x45;
+        let mut v6 = [0u8; 40];
+        v6[0] = 0x60;
+        for (inner, outer) in [
+            (NOT_ECT, NOT_ECT),
+            (ECT_1, ECT_1),
+            (ECT_0, ECT_0),
+            (CE, ECT_0),
+        ] {
+            v4[1] = 0xb8 | inner; // DSCP EF: never copied.
+            assert_eq!(encapsulated_ecn(&v4), outer, "v4 {inner:#b}");
+            v6[0] = 0x6b; // Traffic class 0xb_ with the ECN bits in the next nibble.
+            v6[1] = 0x80 | (inner << 4);
+            assert_eq!(encapsulated_ecn(&v6), outer, "v6 {inner:#b}");
+        }
+        assert_eq!(encapsulated_ecn(&[]), NOT_ECT);
     }
 
     fn v4_checksum_ok(h: &[u8]) -> bool {

@@ -39,7 +39,8 @@ pub struct Packet {
     pub route_mtu: u32,
     /// RX: when the kernel received the datagram (CLOCK_REALTIME ns), 0 if unknown.
     pub rx_time_ns: u64,
-    /// RX: the outer header's ECN field.
+    /// The outer header's ECN field: RX as it arrived, TX as it will be sent (chosen
+    /// at encryption).
     pub outer_ecn: u8,
     /// RX: when it was read, more datagrams waited behind it (later in the same
     /// receive, or a receive that used every buffer). A packet alone in the socket

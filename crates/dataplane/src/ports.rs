@@ -75,8 +75,12 @@ pub trait UdpPort: Send + Sync {
         each: &mut dyn FnMut(Received<'_>),
     ) -> io::Result<usize>;
     /// See [`UdpSocket::send_batch`].
-    fn send_batch(&self, msgs: &[(&[u8], SocketAddr)], src: Option<LocalAddr>)
-        -> io::Result<usize>;
+    fn send_batch(
+        &self,
+        msgs: &[(&[u8], SocketAddr)],
+        src: Option<LocalAddr>,
+        ecn: u8,
+    ) -> io::Result<usize>;
     /// See [`UdpSocket::try_send_replies`].
     fn try_send_replies(
         &self,
@@ -89,6 +93,7 @@ pub trait UdpPort: Send + Sync {
         segment: u16,
         dst: &SocketAddr,
         src: Option<LocalAddr>,
+        ecn: u8,
     ) -> io::Result<bool>;
     /// See [`UdpSocket::send_from`].
     fn send_from(
@@ -96,6 +101,7 @@ pub trait UdpPort: Send + Sync {
         payload: &[u8],
         dst: &SocketAddr,
         src: Option<LocalAddr>,
+        ecn: u8,
     ) -> io::Result<usize>;
     /// Datagrams the kernel dropped on this socket since it was bound.
     fn drops(&self) -> io::Result<u32> {
@@ -134,8 +140,9 @@ impl UdpPort for UdpSocket {
         &self,
         msgs: &[(&[u8], SocketAddr)],
         src: Option<LocalAddr>,
+        ecn: u8,
     ) -> io::Result<usize> {
-        UdpSocket::send_batch(self, msgs, src)
+        UdpSocket::send_batch(self, msgs, src, ecn)
     }
     fn try_send_replies(
         &self,
@@ -149,16 +156,18 @@ impl UdpPort for UdpSocket {
         segment: u16,
         dst: &SocketAddr,
         src: Option<LocalAddr>,
+        ecn: u8,
     ) -> io::Result<bool> {
-        UdpSocket::send_segmented(self, dgrams, segment, dst, src)
+        UdpSocket::send_segmented(self, dgrams, segment, dst, src, ecn)
     }
     fn send_from(
         &self,
         payload: &[u8],
         dst: &SocketAddr,
         src: Option<LocalAddr>,
+        ecn: u8,
     ) -> io::Result<usize> {
-        UdpSocket::send_from(self, payload, dst, src)
+        UdpSocket::send_from(self, payload, dst, src, ecn)
     }
     fn drops(&self) -> io::Result<u32> {
         UdpSocket::drops(self)

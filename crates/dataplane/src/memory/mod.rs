@@ -264,6 +264,7 @@ impl UdpPort for MemoryUdp {
         &self,
         msgs: &[(&[u8], SocketAddr)],
         _src: Option<LocalAddr>,
+        _ecn: u8,
     ) -> io::Result<usize> {
         self.send(msgs.iter().map(|(d, a)| (d.to_vec(), *a)).collect());
         Ok(msgs.len())
@@ -281,6 +282,7 @@ impl UdpPort for MemoryUdp {
         segment: u16,
         dst: &SocketAddr,
         _src: Option<LocalAddr>,
+        _ecn: u8,
     ) -> io::Result<bool> {
         // As the kernel cuts a GSO send: the pieces end to end, in `segment`s. When
         // each piece is one datagram (the pipeline's case), without gathering first.
@@ -302,6 +304,7 @@ impl UdpPort for MemoryUdp {
         payload: &[u8],
         dst: &SocketAddr,
         _src: Option<LocalAddr>,
+        _ecn: u8,
     ) -> io::Result<usize> {
         self.send(vec![(payload.to_vec(), *dst)]);
         Ok(payload.len())

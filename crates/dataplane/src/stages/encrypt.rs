@@ -1,9 +1,14 @@
 //! Stage TX-4, encrypt (parallel). Input: a batch with assigned counters. Output: the
-//! same batch sealed in place (header, padded payload, tag) and marked done; the peer's
-//! TX flush is handed to the scheduler if it was not scheduled already. Any worker may
-//! run any batch: there is no per-peer lock here.
+//! same batch sealed in place (header, padded payload, tag), each packet with the ECN
+//! field its outer header will carry (`inner::encapsulated_ecn`), and marked done; the
+//! peer's TX flush is handed to the scheduler if it was not scheduled already. Any
+//! worker may run any batch: there is no per-peer lock here.
+//!
+//! Why the ECN field is chosen here: the plaintext is read for the last time here, and
+//! after any CE mark the flow queues (`fq`) set on it.
 
 use super::StageCtx;
+use crate::inner;
 use crate::packet::{Batch, HEADROOM};
 use crate::peer::Peer;
 use crate::sched::{Direction, SerialWork};
@@ -31,6 +36,7 @@ pub fn seal_batch(batch: &Batch, mtu: usize) {
                 0 => mtu,
                 route => route as usize,
             };
+            p.outer_ecn = inner::encapsulated_ecn(p.plaintext());
             let padded = padded_len(p.len, mtu);
             let end = HEADROOM + padded + 16;
             if p.buf.len() < end {

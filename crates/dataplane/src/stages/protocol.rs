@@ -10,6 +10,7 @@ use rand_core::OsRng;
 use std::cell::RefCell;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use wirelane_io::udp::NOT_ECT;
 use wirelane_proto::crypto::KeystreamRng;
 use wirelane_proto::{Ctx, Output, PeerState};
 
@@ -68,7 +69,7 @@ pub fn send_to_peer(c: StageCtx<'_>, peer: &Peer, bytes: &[u8]) {
     let src = iface.source_for(peer, ep);
     let sockets = iface.sockets();
     if let Some(s) = sockets.for_destination(&ep) {
-        if s.send_from(bytes, &ep, src).is_ok() {
+        if s.send_from(bytes, &ep, src, NOT_ECT).is_ok() {
             peer.tx_bytes
                 .fetch_add(bytes.len() as u64, Ordering::Relaxed);
         }

@@ -66,6 +66,7 @@ mod tests {
     use crate::memory::MemoryNet;
     use crate::ports::UdpPort;
     use std::sync::Arc;
+    use wirelane_io::udp::NOT_ECT;
 
     #[test]
     fn each_packet_knows_whether_others_waited_behind_it() {
@@ -74,7 +75,7 @@ mod tests {
         let b = net.socket("10.0.0.2:2".parse().unwrap(), None).unwrap();
         let dgrams: Vec<Vec<u8>> = (0..MAX_BATCH + 3).map(|i| vec![i as u8; 32]).collect();
         let msgs: Vec<(&[u8], _)> = dgrams.iter().map(|d| (&d[..], b.addr())).collect();
-        a.send_batch(&msgs, None).unwrap();
+        a.send_batch(&msgs, None, NOT_ECT).unwrap();
 
         let mut scratch = RecvScratch::new(false);
         let behind = |packets: Vec<Packet>| -> Vec<bool> {

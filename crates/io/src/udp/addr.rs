@@ -14,8 +14,27 @@ pub struct LocalAddr {
     pub ifindex: u32,
 }
 
-/// Control space for one send: a `UDP_SEGMENT` and a source, each with its header.
-pub(super) type SendControl = [u64; 8];
+/// Control space for one send: a `UDP_SEGMENT`, an outer ECN field and a source, each
+/// with its header (24 + 24 + 40 bytes at most).
+pub(super) type SendControl = [u64; 12];
+
+/// The ECN field of a datagram sent with no ECN control message: Not-ECT.
+pub const NOT_ECT: u8 = 0;
+
+/// Appends the outer header's ECN field (`IP_TOS` / `IPV6_TCLASS`, the DSCP left 0) at
+/// `at` in `control` unless it is Not-ECT, the socket's default; returns the new end.
+/// Put before the source: a send that drops a refused source keeps it.
+pub(super) fn put_ecn(control: &mut SendControl, at: usize, v6: bool, ecn: u8) -> usize {
+    if ecn & 0b11 == NOT_ECT {
+        return at;
+    }
+    let (level, kind) = match v6 {
+        true => (libc::IPPROTO_IPV6, libc::IPV6_TCLASS),
+        false => (libc::IPPROTO_IP, libc::IP_TOS),
+    };
+    let value = libc::c_int::from(ecn & 0b11);
+    put_cmsg(bytemuck_u64(control), at, level, kind, &value.to_ne_bytes())
+}
 
 /// Appends a source-address control message for `src` at `at` in `control`; returns
 /// the new end. The interface is left to the route lookup (0): a source only picks the

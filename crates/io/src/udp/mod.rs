@@ -14,8 +14,8 @@ mod steering;
 #[cfg(test)]
 mod tests;
 
-pub use addr::LocalAddr;
 use addr::*;
+pub use addr::{LocalAddr, NOT_ECT};
 use recv_batch::{Ancillary, UDP_GRO};
 pub use recv_batch::{Received, RecvBatch};
 use steering::*;
@@ -264,17 +264,18 @@ impl UdpSocket {
         Ok(got)
     }
 
-    /// Sends each `(payload, destination)` from `src` (None: the route's choice);
-    /// returns how many the kernel took. A full send buffer is waited out
-    /// (backpressure for the data path); an unreachable destination fails only its own
-    /// datagram. Stops at the first other failure.
+    /// Sends each `(payload, destination)` from `src` (None: the route's choice), with
+    /// `ecn` in the outer header's ECN field; returns how many the kernel took. A full
+    /// send buffer is waited out (backpressure for the data path); an unreachable
+    /// destination fails only its own datagram. Stops at the first other failure.
     pub fn send_batch(
         &self,
         msgs: &[(&[u8], SocketAddr)],
         src: Option<LocalAddr>,
+        ecn: u8,
     ) -> io::Result<usize> {
         let msgs: Vec<_> = msgs.iter().map(|(p, d)| (*p, *d, src)).collect();
-        self.send_mmsg(&msgs, true)
+        self.send_mmsg(&msgs, true, ecn)
     }
 
     /// Sends each `(payload, destination, source)`, never waiting: what does not fit in
@@ -284,13 +285,14 @@ impl UdpSocket {
         &self,
         msgs: &[(&[u8], SocketAddr, Option<LocalAddr>)],
     ) -> io::Result<usize> {
-        self.send_mmsg(msgs, false)
+        self.send_mmsg(msgs, false, NOT_ECT)
     }
 
     fn send_mmsg(
         &self,
         msgs: &[(&[u8], SocketAddr, Option<LocalAddr>)],
         wait_for_room: bool,
+        ecn: u8,
     ) -> io::Result<usize> {
         // `next` is the first datagram not yet handed to the kernel; `accepted` counts
         // only those the kernel took, not those skipped after a failure of their own.
@@ -299,10 +301,12 @@ impl UdpSocket {
             .iter()
             .map(|(_, dst, _)| to_sockaddr(&self.map_destination(dst)))
             .collect();
-        let mut controls: Vec<SendControl> = vec![[0; 8]; msgs.len()];
+        let mut controls: Vec<SendControl> = vec![SendControl::default(); msgs.len()];
         // SAFETY: zeroed iovec/mmsghdr are valid initial values.
         let mut iovs: Vec<libc::iovec> = vec![unsafe { zeroed() }; msgs.len()];
         let mut hdrs: Vec<libc::mmsghdr> = vec![unsafe { zeroed() }; msgs.len()];
+        // The control data every datagram keeps when its source is refused: the ECN.
+        let mut ecn_only = 0;
         for (i, (payload, _, src)) in msgs.iter().enumerate() {
             iovs[i] = libc::iovec {
                 iov_base: payload.as_ptr() as *mut _,
@@ -313,8 +317,13 @@ impl UdpSocket {
             h.msg_namelen = names[i].1;
             h.msg_iov = &mut iovs[i];
             h.msg_iovlen = 1;
+            ecn_only = put_ecn(&mut controls[i], 0, self.v6, ecn);
+            let mut end = ecn_only;
             if let Some(src) = src.filter(|s| s.ip.is_ipv6() == self.v6) {
-                h.msg_controllen = put_source(&mut controls[i], 0, &src) as _;
+                end = put_source(&mut controls[i], end, &src);
+            }
+            if end > 0 {
+                h.msg_controllen = end as _;
                 h.msg_control = controls[i].as_mut_ptr().cast();
             }
         }
@@ -340,9 +349,14 @@ impl UdpSocket {
                 // The source address is no longer ours (it was just removed): send it
                 // from the route's choice instead. The owner of the source learns of the
                 // removal from rtnetlink and stops asking for it.
-                Err(e) if source_refused(&e) && !hdrs[next].msg_hdr.msg_control.is_null() => {
-                    hdrs[next].msg_hdr.msg_control = std::ptr::null_mut();
-                    hdrs[next].msg_hdr.msg_controllen = 0;
+                Err(e)
+                    if source_refused(&e) && hdrs[next].msg_hdr.msg_controllen > ecn_only as _ =>
+                {
+                    let h = &mut hdrs[next].msg_hdr;
+                    h.msg_controllen = ecn_only as _;
+                    if ecn_only == 0 {
+                        h.msg_control = std::ptr::null_mut();
+                    }
                 }
                 // An unreachable destination fails only its own datagram: skip it.
                 Err(_) if next + 1 < msgs.len() => next += 1,
@@ -382,7 +396,8 @@ impl UdpSocket {
 
     /// Sends `dgrams` laid end to end, cut by the kernel into datagrams of `segment`
     /// bytes each (the last may be shorter), with one system call, using UDP_SEGMENT,
-    /// from `src` (None: the route's choice). The pieces are gathered straight from the
+    /// from `src` (None: the route's choice), every segment with `ecn` in the outer
+    /// header's ECN field. The pieces are gathered straight from the
     /// caller's buffers (no copy here); they need not be datagram-aligned. At most
     /// [`GSO_MAX_SEGMENTS`] pieces and [`GSO_MAX_BYTES`] in all. Returns false, having
     /// sent nothing, if the kernel refuses segmentation offload; the socket then stops
@@ -393,6 +408,7 @@ impl UdpSocket {
         segment: u16,
         dst: &SocketAddr,
         src: Option<LocalAddr>,
+        ecn: u8,
     ) -> io::Result<bool> {
         if dgrams.len() > GSO_MAX_SEGMENTS
             || dgrams.iter().map(|d| d.len()).sum::<usize>() > GSO_MAX_BYTES
@@ -403,7 +419,7 @@ impl UdpSocket {
             ));
         }
         let (ss, len) = to_sockaddr(&self.map_destination(dst));
-        let mut control: SendControl = [0; 8];
+        let mut control = SendControl::default();
         let mut iovs = [libc::iovec {
             iov_base: std::ptr::null_mut(),
             iov_len: 0,
@@ -412,13 +428,15 @@ impl UdpSocket {
             iov.iov_base = d.as_ptr() as *mut _;
             iov.iov_len = d.len();
         }
-        let segment_only = put_cmsg(
+        let segment = put_cmsg(
             bytemuck_u64(&mut control),
             0,
             libc::SOL_UDP,
             libc::UDP_SEGMENT,
             &segment.to_ne_bytes(),
         );
+        // What stays when a refused source is dropped.
+        let segment_only = put_ecn(&mut control, segment, self.v6, ecn);
         let mut with_source = segment_only;
         if let Some(src) = src.filter(|s| s.ip.is_ipv6() == self.v6) {
             with_source = put_source(&mut control, segment_only, &src);
@@ -461,19 +479,20 @@ impl UdpSocket {
 
     /// Sends one datagram, from the route's choice of source.
     pub fn send_to(&self, payload: &[u8], dst: &SocketAddr) -> io::Result<usize> {
-        self.send_from(payload, dst, None)
+        self.send_from(payload, dst, None, NOT_ECT)
     }
 
-    /// Sends one datagram from `src` (None: the route's choice), without waiting for
-    /// room in the send buffer.
+    /// Sends one datagram from `src` (None: the route's choice), with `ecn` in the
+    /// outer header's ECN field, without waiting for room in the send buffer.
     pub fn send_from(
         &self,
         payload: &[u8],
         dst: &SocketAddr,
         src: Option<LocalAddr>,
+        ecn: u8,
     ) -> io::Result<usize> {
         let (ss, len) = to_sockaddr(&self.map_destination(dst));
-        let mut control: SendControl = [0; 8];
+        let mut control = SendControl::default();
         let mut iov = libc::iovec {
             iov_base: payload.as_ptr() as *mut _,
             iov_len: payload.len(),
@@ -484,8 +503,13 @@ impl UdpSocket {
         msg.msg_namelen = len;
         msg.msg_iov = &mut iov;
         msg.msg_iovlen = 1;
+        let ecn_only = put_ecn(&mut control, 0, self.v6, ecn);
+        let mut end = ecn_only;
         if let Some(src) = src.filter(|s| s.ip.is_ipv6() == self.v6) {
-            msg.msg_controllen = put_source(&mut control, 0, &src) as _;
+            end = put_source(&mut control, end, &src);
+        }
+        if end > 0 {
+            msg.msg_controllen = end as _;
             msg.msg_control = control.as_mut_ptr().cast();
         }
         loop {
@@ -498,9 +522,11 @@ impl UdpSocket {
             match e.raw_os_error() {
                 Some(libc::EINTR) => continue,
                 // The source is no longer ours (see send_mmsg).
-                _ if source_refused(&e) && !msg.msg_control.is_null() => {
-                    msg.msg_control = std::ptr::null_mut();
-                    msg.msg_controllen = 0;
+                _ if source_refused(&e) && msg.msg_controllen > ecn_only as _ => {
+                    msg.msg_controllen = ecn_only as _;
+                    if ecn_only == 0 {
+                        msg.msg_control = std::ptr::null_mut();
+                    }
                 }
                 _ => return Err(e),
             }

@@ -8,7 +8,7 @@ fn batch_roundtrip_on_loopback() {
     let dst = SocketAddr::from(([127, 0, 0, 1], b.local_port().unwrap()));
     let payloads: Vec<Vec<u8>> = (0..10u8).map(|i| vec![i; 100 + i as usize]).collect();
     let msgs: Vec<(&[u8], SocketAddr)> = payloads.iter().map(|p| (p.as_slice(), dst)).collect();
-    assert_eq!(a.send_batch(&msgs, None).unwrap(), 10);
+    assert_eq!(a.send_batch(&msgs, None, NOT_ECT).unwrap(), 10);
     let mut batch = RecvBatch::new(4, 2048);
     let mut got: Vec<(Vec<u8>, SocketAddr)> = Vec::new();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
@@ -55,12 +55,14 @@ fn replies_leave_from_the_address_asked() {
     let local = local.expect("IP_PKTINFO reports the local end");
     assert_eq!(local.ip, IpAddr::V4(asked));
     assert!(local.ifindex > 0);
-    b.send_from(b"answer", &from_a, Some(local)).unwrap();
+    b.send_from(b"answer", &from_a, Some(local), NOT_ECT)
+        .unwrap();
     assert_eq!(recv_one(&a, &mut batch).0, to_b);
     // The same through the batched and segmented paths.
-    b.send_batch(&[(b"answer", from_a)], Some(local)).unwrap();
+    b.send_batch(&[(b"answer", from_a)], Some(local), NOT_ECT)
+        .unwrap();
     assert_eq!(recv_one(&a, &mut batch).0, to_b);
-    if b.send_segmented(&[b"ab", b"cd"], 2, &from_a, Some(local))
+    if b.send_segmented(&[b"ab", b"cd"], 2, &from_a, Some(local), NOT_ECT)
         .unwrap()
     {
         assert_eq!(recv_one(&a, &mut batch).0, to_b);
@@ -71,18 +73,20 @@ fn replies_leave_from_the_address_asked() {
         ip: IpAddr::V4(Ipv4Addr::new(192, 0, 2, 99)),
         ifindex: 0,
     };
-    b.send_from(b"answer", &from_a, Some(gone)).unwrap();
+    b.send_from(b"answer", &from_a, Some(gone), NOT_ECT)
+        .unwrap();
     assert_eq!(
         recv_one(&a, &mut batch).0.ip(),
         IpAddr::V4(Ipv4Addr::LOCALHOST)
     );
-    b.send_batch(&[(b"answer", from_a)], Some(gone)).unwrap();
+    b.send_batch(&[(b"answer", from_a)], Some(gone), NOT_ECT)
+        .unwrap();
     assert_eq!(
         recv_one(&a, &mut batch).0.ip(),
         IpAddr::V4(Ipv4Addr::LOCALHOST)
     );
     assert!(
-        b.send_segmented(&[b"ab", b"cd"], 2, &from_a, Some(gone))
+        b.send_segmented(&[b"ab", b"cd"], 2, &from_a, Some(gone), NOT_ECT)
             .unwrap()
             || !b.gso_enabled()
     );
@@ -97,7 +101,7 @@ fn segmented_send_arrives_as_separate_datagrams() {
         .map(|i| vec![i; if i == 4 { 300 } else { 1000 }])
         .collect();
     let refs: Vec<&[u8]> = pieces.iter().map(Vec::as_slice).collect();
-    if !a.send_segmented(&refs, 1000, &dst, None).unwrap() {
+    if !a.send_segmented(&refs, 1000, &dst, None, NOT_ECT).unwrap() {
         assert!(!a.gso_enabled());
         return; // Kernel without UDP GSO: the fallback path is what callers use.
     }
@@ -191,7 +195,10 @@ fn steered_group_splits_data_handshakes_and_proofs_and_keeps_its_port() {
         vec![9],                    // 10 unknown type
     ];
     let batch: Vec<(&[u8], SocketAddr)> = msgs.iter().map(|m| (&m[..], dst)).collect();
-    assert_eq!(client.send_batch(&batch, None).unwrap(), msgs.len());
+    assert_eq!(
+        client.send_batch(&batch, None, NOT_ECT).unwrap(),
+        msgs.len()
+    );
     let pick = |idx: &[usize]| idx.iter().map(|&i| msgs[i].clone()).collect::<Vec<_>>();
     // Type 4 and the empty datagram to the data socket, in order; the rest aside.
     assert_eq!(receive(&data, 3), pick(&[0, 3, 9]));
@@ -251,5 +258,67 @@ fn received_datagrams_carry_arrival_time_and_ecn() {
             "v6={v6}: {} not in {before}..={after}",
             r.rx_time_ns
         );
+    }
+}
+
+/// What a send asks for in the outer ECN field arrives, in both families and by every
+/// send path, with or without a source, and when a refused source is dropped.
+#[test]
+fn sends_carry_the_ecn_field_asked_for() {
+    for v6 in [false, true] {
+        let a = UdpSocket::bind(v6, 0).unwrap();
+        let b = UdpSocket::bind(v6, 0).unwrap();
+        let (lo, gone): (IpAddr, IpAddr) = if v6 {
+            (Ipv6Addr::LOCALHOST.into(), "2001:db8::99".parse().unwrap())
+        } else {
+            (
+                Ipv4Addr::LOCALHOST.into(),
+                Ipv4Addr::new(192, 0, 2, 99).into(),
+            )
+        };
+        let dst = SocketAddr::new(lo, b.local_port().unwrap());
+        let mut batch = RecvBatch::new(8, 65536);
+        // Every buffer received until `want` datagrams arrived: their ECN fields.
+        let mut received = |want: usize| {
+            let mut fields = Vec::new();
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+            let mut got = 0;
+            while got < want {
+                assert!(std::time::Instant::now() < deadline, "v6={v6}: lost");
+                if let Ok(n) = b.recv_batch(&mut batch) {
+                    for i in 0..n {
+                        let r = batch.datagram(i).unwrap();
+                        got += match r.segment {
+                            0 => 1,
+                            s => r.data.len().div_ceil(s),
+                        };
+                        fields.push(r.ecn);
+                    }
+                }
+            }
+            fields
+        };
+        for ecn in [0b01, 0b10, 0b11] {
+            for src in [
+                None,
+                Some(LocalAddr { ip: lo, ifindex: 0 }),
+                Some(LocalAddr {
+                    ip: gone,
+                    ifindex: 0,
+                }),
+            ] {
+                let case = format!("v6={v6} ecn={ecn} src={src:?}");
+                a.send_from(b"one", &dst, src, ecn).unwrap();
+                assert_eq!(received(1), [ecn], "send_from {case}");
+                a.send_batch(&[(b"two", dst), (b"two", dst)], src, ecn)
+                    .unwrap();
+                assert!(received(2).iter().all(|&e| e == ecn), "send_batch {case}");
+                if a.send_segmented(&[b"ab", b"cd"], 2, &dst, src, ecn)
+                    .unwrap()
+                {
+                    assert!(received(2).iter().all(|&e| e == ecn), "segmented {case}");
+                }
+            }
+        }
     }
 }

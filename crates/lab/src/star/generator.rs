@@ -20,7 +20,7 @@ use crate::Result;
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::time::{Duration, Instant, SystemTime};
-use wirelane_io::udp::{RecvBatch, UdpSocket, GSO_MAX_BYTES, GSO_MAX_SEGMENTS};
+use wirelane_io::udp::{RecvBatch, UdpSocket, GSO_MAX_BYTES, GSO_MAX_SEGMENTS, NOT_ECT};
 use wirelane_proto::messages::TRANSPORT_HEADER_LEN;
 
 /// The first emulated peer's UDP port; peer i uses FIRST_PORT + i.
@@ -413,13 +413,19 @@ impl Generator {
             let sock = &self.socks[peer];
             let segmented = sealed.burst > 1
                 && sock.gso_enabled()
-                && sock.send_segmented(&[bytes], sealed.outer_len as u16, &self.gateway, None)?;
+                && sock.send_segmented(
+                    &[bytes],
+                    sealed.outer_len as u16,
+                    &self.gateway,
+                    None,
+                    NOT_ECT,
+                )?;
             if !segmented {
                 let msgs: Vec<(&[u8], SocketAddr)> = bytes
                     .chunks_exact(sealed.outer_len)
                     .map(|m| (m, self.gateway))
                     .collect();
-                sock.send_batch(&msgs, None)?;
+                sock.send_batch(&msgs, None, NOT_ECT)?;
             }
             report.packets += sealed.burst as u64;
         }

@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 use wirelane_io::poll::wait_readable_any;
-use wirelane_io::udp::{socket_drops, RecvBatch, UdpSocket};
+use wirelane_io::udp::{socket_drops, RecvBatch, UdpSocket, NOT_ECT};
 
 /// The sink's receive buffer: deep enough that the sink is never where a saturated
 /// gateway's packets are lost.
@@ -160,7 +160,7 @@ pub fn send_inner(
         }
         let msgs: Vec<(&[u8], SocketAddr)> =
             bufs.iter().zip(&dsts).map(|(b, d)| (&b[..], *d)).collect();
-        let sent = sock.send_batch(&msgs, None)?;
+        let sent = sock.send_batch(&msgs, None, NOT_ECT)?;
         report.packets += sent as u64;
         next += k as u64;
     }
