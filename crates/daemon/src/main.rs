@@ -11,7 +11,9 @@ use std::sync::Arc;
 use std::time::Duration;
 use wirelane_daemon::http::{MetricsServer, Render};
 use wirelane_daemon::pool::{self, Control, Request, POOL_ENV};
-use wirelane_daemon::supervisor::{open_tunnel, Stop, Supervisor, Tunnel, TunnelOptions};
+use wirelane_daemon::supervisor::{
+    open_tunnel, peer_limit, Stop, Supervisor, Tunnel, TunnelOptions,
+};
 use wirelane_daemon::{daemonize, metrics, parse_ifname, privileges};
 use wirelane_dataplane::codel::CodelParams;
 use wirelane_dataplane::exec::{Model, MAX_WORKERS};
@@ -78,6 +80,12 @@ struct Cli {
     /// round trip expected of the tunnel's inner flows.
     #[arg(long, value_name = "DURATION", default_value = "100ms", value_parser = parse_duration)]
     codel_interval: Duration,
+
+    /// Peers each interface may hold; a configuration that would exceed it is refused
+    /// whole (default: what half the memory the process may use holds at 8 KiB a peer,
+    /// at most 1,048,576, the kernel's bound).
+    #[arg(long, value_name = "N")]
+    max_peers: Option<usize>,
 
     /// Do not ask the TUN for checksum and segmentation offloads (IFF_VNET_HDR).
     #[arg(long)]
@@ -350,6 +358,7 @@ fn run(cli: &Cli, readiness: &mut daemonize::Readiness) -> Result<(), String> {
             discipline: cli.queue,
             codel: CodelParams::new(cli.codel_target, cli.codel_interval),
         },
+        max_peers: peer_limit(cli.max_peers),
     };
     let mut opened: Vec<(String, Tunnel)> = Vec::new();
     for n in &cli.ifnames {

@@ -25,6 +25,7 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use wirelane_dataplane::fq_codel::QueuePolicy;
+use wirelane_dataplane::interface::MAX_PEERS_PER_INTERFACE;
 use wirelane_dataplane::{Interface, Runtime, Sockets};
 use wirelane_io::poll::Waker;
 use wirelane_io::tun::Tun;
@@ -42,6 +43,38 @@ pub struct TunnelOptions {
     /// Ask the TUN for checksum and segmentation offloads.
     pub offloads: bool,
     pub queue: QueuePolicy,
+    /// Peers each interface may hold (`peer_limit`).
+    pub max_peers: usize,
+}
+
+/// What one peer may cost, at most, for the default peer limit: its state, sessions,
+/// timers, AllowedIPs entries and empty queues. Measured idle peers cost under 2 KiB
+/// (`wirelane-lab peers`); the packets they queue are bounded per interface
+/// (`budget`), not per peer.
+const PEER_BYTES: u64 = 8 << 10;
+
+/// Peers each interface may hold: `asked`, or what half the memory the process may
+/// use holds at [`PEER_BYTES`] a peer, at most the kernel's bound. The other half is
+/// for packets, sockets and the rest.
+pub fn peer_limit(asked: Option<usize>) -> usize {
+    let limit = match (asked, wirelane_io::memory::memory_limit()) {
+        (Some(n), _) => n,
+        (None, Ok(m)) => {
+            let n = (m.bytes / 2 / PEER_BYTES) as usize;
+            tracing::debug!(
+                peers = n,
+                memory = m.bytes,
+                source = m.source,
+                "peer limit from memory"
+            );
+            n
+        }
+        (None, Err(e)) => {
+            tracing::warn!(error = %e, "cannot tell the memory limit; peers limited only by the kernel's bound");
+            MAX_PEERS_PER_INTERFACE
+        }
+    };
+    limit.min(MAX_PEERS_PER_INTERFACE)
 }
 
 /// Creates the interface, sockets and UAPI socket of tunnel `ifname`, refusing a name
@@ -55,6 +88,7 @@ pub fn open_tunnel(ifname: &str, opts: TunnelOptions) -> Result<Tunnel, String> 
         Sockets::bind(0, 0).map_err(|e| format!("{ifname}: cannot bind UDP sockets: {e}"))?;
     let iface = Interface::new(Box::new(tun), sockets, opts.queue)
         .map_err(|e| format!("{ifname}: cannot create the interface: {e}"))?;
+    iface.set_max_peers(opts.max_peers);
     let uapi = UapiListener::bind(ifname)
         .map_err(|e| format!("{ifname}: cannot create UAPI socket: {e}"))?;
     Ok(Tunnel {

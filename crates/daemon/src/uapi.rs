@@ -206,6 +206,9 @@ pub fn format_stats(dev: &Interface, rt: &Runtime) -> String {
 fn apply_errno(e: &ApplyError) -> i32 {
     match e {
         ApplyError::Bind { .. } | ApplyError::Fwmark { .. } => libc::EADDRINUSE,
+        // As the kernel answers a peer past its bound: `wg` prints "Cannot allocate
+        // memory"; the log says which limit.
+        ApplyError::TooManyPeers { .. } => libc::ENOMEM,
     }
 }
 

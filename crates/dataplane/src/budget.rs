@@ -4,7 +4,10 @@
 //! Why: the per-queue bound alone lets memory grow with the number of peers. A gateway
 //! overloaded by a thousand peers would fill a thousand queues, a thousand packets
 //! each, 2 KiB per packet; with the shared bound the excess waits in the kernel's
-//! socket buffer instead and is dropped there, where an overload belongs.
+//! socket buffer (receive) or the TUN device's queue (transmit) instead and is dropped
+//! there, where an overload belongs. Transmit needs it as much as receive: when the
+//! workers fall behind a TUN reader that spreads packets over many peers, every peer's
+//! queue fills.
 //!
 //! Invariant: `used` is the sum of the packets queued in every queue holding this
 //! budget. It changes only inside `OrderedQueue`, under the queue's own lock and
@@ -19,14 +22,35 @@ use loom::sync::atomic::{AtomicUsize, Ordering};
 #[cfg(not(loom))]
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Packets an interface's receive queues hold at most together: tens of milliseconds
 /// of decryption on any core count this runs on, 16 MiB of buffers.
 pub const RX_BUDGET_PACKETS: usize = 8192;
 
+/// Packets an interface's transmit queues hold at most together (8 MiB of buffers):
+/// every peer's ordered queue and, under `fq-codel`, its flow queues in front.
+pub const TX_BUDGET_PACKETS: usize = 4096;
+
 /// How often a reader waiting for room looks again.
 pub const POLL: Duration = Duration::from_micros(200);
+
+/// An interface's two budgets, one per direction.
+#[derive(Debug)]
+pub struct Budgets {
+    pub rx: Arc<QueueBudget>,
+    pub tx: Arc<QueueBudget>,
+}
+
+impl Default for Budgets {
+    fn default() -> Budgets {
+        Budgets {
+            rx: Arc::new(QueueBudget::new(RX_BUDGET_PACKETS)),
+            tx: Arc::new(QueueBudget::new(TX_BUDGET_PACKETS)),
+        }
+    }
+}
 
 #[derive(Debug)]
 pub struct QueueBudget {
@@ -53,6 +77,11 @@ impl QueueBudget {
 
     pub(crate) fn sub(&self, n: usize) {
         self.used.fetch_sub(n, Ordering::Relaxed);
+    }
+
+    /// How many more packets fit.
+    pub fn room(&self) -> usize {
+        self.limit.saturating_sub(self.used.load(Ordering::Relaxed))
     }
 
     pub fn used(&self) -> usize {

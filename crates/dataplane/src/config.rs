@@ -1,16 +1,18 @@
 //! Configuration of a running device: the validated update the UAPI `set` produces,
 //! applied all at once, and the snapshot `get` reports.
 //!
-//! Atomicity: an update is fully parsed and validated before it gets here. The only
-//! step that can still fail, binding a new listen port, runs first; after it succeeds
-//! everything else is applied under the peer-table write lock, so readers never see a
-//! half-applied update.
+//! Atomicity: an update is fully parsed and validated before it gets here. The steps
+//! that can still fail, the peer limit and binding a new listen port, run first; after
+//! they succeed everything else is applied under the peer-table write lock, so readers
+//! never see a half-applied update. Updates of one interface are serialized
+//! (`apply_lock`): the peer count checked is the one the update changes.
 
 use crate::interface::{Interface, PeerTable};
 use crate::peer::Peer;
 use crate::sockets::Sockets;
 use crate::stages::nonce::step;
 use crate::stages::StageCtx;
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -61,6 +63,34 @@ pub enum ApplyError {
     Bind { port: u16, source: std::io::Error },
     #[error("cannot set fwmark {mark}: {source}")]
     Fwmark { mark: u32, source: std::io::Error },
+    #[error("the update would leave {wanted} peers, more than this interface's limit of {limit} (--max-peers); nothing was changed")]
+    TooManyPeers { wanted: usize, limit: usize },
+}
+
+/// How many peers `table` holds once `update` is applied (the rules of step 2 below);
+/// a peer named with the interface's own key, which step 2 ignores, counts, so this
+/// may be one too many, never too few.
+fn peers_after(table: &PeerTable, update: &DeviceUpdate) -> usize {
+    let mut count = if update.replace_peers {
+        0
+    } else {
+        table.by_key.len()
+    };
+    // Whether each key the update names is in the table at that point of the update.
+    let mut present: HashMap<[u8; 32], bool> = HashMap::new();
+    for pu in &update.peers {
+        let now = *present
+            .entry(pu.public_key)
+            .or_insert_with(|| !update.replace_peers && table.by_key.contains_key(&pu.public_key));
+        if pu.remove && now {
+            count -= 1;
+            present.insert(pu.public_key, false);
+        } else if !pu.remove && !pu.update_only && !now {
+            count += 1;
+            present.insert(pu.public_key, true);
+        }
+    }
+    count
 }
 
 /// What `get` reports about one peer.
@@ -92,7 +122,15 @@ pub fn apply(c: StageCtx<'_>, update: &DeviceUpdate) -> Result<(), ApplyError> {
 
 impl Interface {
     fn apply(&self, c: StageCtx<'_>, update: &DeviceUpdate) -> Result<(), ApplyError> {
-        // Step 1, the fallible one: new sockets if the port changes. Port 0 keeps an
+        let _serial = self.apply_lock.lock().unwrap_or_else(|p| p.into_inner());
+        // Step 1, the fallible ones. The peer limit: a table that would outgrow it
+        // (the memory the daemon may use, or the kernel's bound) is refused whole.
+        let wanted = peers_after(&self.table(), update);
+        let limit = self.max_peers();
+        if wanted > limit && wanted > self.table().by_key.len() {
+            return Err(ApplyError::TooManyPeers { wanted, limit });
+        }
+        // New sockets if the port changes. Port 0 keeps an
         // existing binding (wg setconf sends listen_port=0 when a file names none).
         let (cur_port, cur_mark) = {
             let s = self.sockets();
@@ -151,12 +189,7 @@ impl Interface {
                     None => {
                         let id = table.next_id;
                         table.next_id = table.next_id.wrapping_add(1);
-                        let p = Arc::new(Peer::new(
-                            id,
-                            pu.public_key,
-                            [0; 32],
-                            self.rx_budget.clone(),
-                        ));
+                        let p = Arc::new(Peer::new(id, pu.public_key, [0; 32], &self.budgets));
                         table.by_key.insert(pu.public_key, p.clone());
                         table.by_id.insert(id, p.clone());
                         added.push(p.clone());

@@ -17,11 +17,13 @@
 //! mutex, and whoever holds that mutex also assigns nonces to what it dequeues, so the
 //! order of one flow's packets is the order of their counters.
 
+use crate::budget::QueueBudget;
 use crate::codel::{Codel, CodelParams};
 use crate::queue::RoomWaiters;
 use std::collections::VecDeque;
+use std::ops::{Deref, DerefMut};
 use std::sync::atomic::AtomicBool;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 /// How a peer's transmit direction queues packets before the nonce stage.
@@ -275,7 +277,12 @@ impl<T: Queued> FlowQueues<T> {
 pub const FQ_LIMIT: usize = 4096;
 
 /// A peer's flow queues as the pipeline shares them: the queues under a mutex, a
-/// reader waiting for room (`RoomWaiters`), and the pump hand-off flag.
+/// reader waiting for room (`RoomWaiters`), the pump hand-off flag, and the
+/// interface's transmit budget they count against.
+///
+/// Invariant (the budget): what the queues hold is counted in the budget from the
+/// moment their lock is released ([`FqGuard`] settles the difference, whatever changed
+/// it: enqueues, CoDel's drops, overflow, `clear`), and given back when they go.
 ///
 /// Race and invariant (the pump, see `stages::fq`): whoever wants the queues pumped sets
 /// `pump_again` and then tries the lock; whoever holds the lock clears the flag before
@@ -283,42 +290,110 @@ pub const FQ_LIMIT: usize = 4096;
 /// thread holds the lock is seen by that thread, and no request is lost; and nobody
 /// waits for the lock to pump, so a serial stage run inline under a pumping reader
 /// cannot deadlock on it.
-pub struct SharedFlowQueues<T> {
+pub struct SharedFlowQueues<T: Queued> {
     queues: Mutex<FlowQueues<T>>,
     room: RoomWaiters,
     pub pump_again: AtomicBool,
+    budget: Arc<QueueBudget>,
 }
 
-impl<T: Queued> Default for SharedFlowQueues<T> {
-    fn default() -> Self {
-        SharedFlowQueues {
-            queues: Mutex::new(FlowQueues::default()),
-            room: RoomWaiters::default(),
-            pump_again: AtomicBool::new(false),
+/// The locked queues. On release it settles the budget to what they hold.
+pub struct FqGuard<'a, T: Queued> {
+    queues: MutexGuard<'a, FlowQueues<T>>,
+    budget: &'a QueueBudget,
+    /// What the budget counts for these queues.
+    counted: usize,
+}
+
+impl<T: Queued> Deref for FqGuard<'_, T> {
+    type Target = FlowQueues<T>;
+    fn deref(&self) -> &FlowQueues<T> {
+        &self.queues
+    }
+}
+
+impl<T: Queued> DerefMut for FqGuard<'_, T> {
+    fn deref_mut(&mut self) -> &mut FlowQueues<T> {
+        &mut self.queues
+    }
+}
+
+impl<T: Queued> FqGuard<'_, T> {
+    /// Packets the budget still takes, as of the lock (changes since are not counted).
+    pub fn budget_room(&self) -> usize {
+        self.budget.room()
+    }
+
+    /// Brings the budget up to date with what the queues hold now.
+    pub fn settle(&mut self) {
+        let held = self.queues.len();
+        if held > self.counted {
+            self.budget.add(held - self.counted);
+        } else {
+            self.budget.sub(self.counted - held);
         }
+        self.counted = held;
+    }
+}
+
+impl<T: Queued> Drop for FqGuard<'_, T> {
+    fn drop(&mut self) {
+        self.settle();
+    }
+}
+
+impl<T: Queued> Drop for SharedFlowQueues<T> {
+    fn drop(&mut self) {
+        let q = self.queues.get_mut().unwrap_or_else(|p| p.into_inner());
+        self.budget.sub(q.len());
     }
 }
 
 impl<T: Queued> SharedFlowQueues<T> {
-    pub fn lock(&self) -> MutexGuard<'_, FlowQueues<T>> {
-        self.queues.lock().unwrap_or_else(|p| p.into_inner())
+    /// Empty queues that count against `budget`.
+    pub fn with_budget(budget: Arc<QueueBudget>) -> Self {
+        SharedFlowQueues {
+            queues: Mutex::new(FlowQueues::default()),
+            room: RoomWaiters::default(),
+            pump_again: AtomicBool::new(false),
+            budget,
+        }
+    }
+
+    fn guard<'a>(&'a self, queues: MutexGuard<'a, FlowQueues<T>>) -> FqGuard<'a, T> {
+        let counted = queues.len();
+        FqGuard {
+            queues,
+            budget: &self.budget,
+            counted,
+        }
+    }
+
+    pub fn lock(&self) -> FqGuard<'_, T> {
+        self.guard(self.queues.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
     /// The queues if nobody holds them (a poisoned lock is taken: the queues stay
     /// consistent between calls, which never panic midway).
-    pub fn try_lock(&self) -> Option<MutexGuard<'_, FlowQueues<T>>> {
+    pub fn try_lock(&self) -> Option<FqGuard<'_, T>> {
         match self.queues.try_lock() {
-            Ok(g) => Some(g),
-            Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
+            Ok(g) => Some(self.guard(g)),
+            Err(std::sync::TryLockError::Poisoned(p)) => Some(self.guard(p.into_inner())),
             Err(std::sync::TryLockError::WouldBlock) => None,
         }
     }
 
-    /// Locks the queues once `n` more packets fit under [`FQ_LIMIT`], or `timeout`
-    /// passed (the caller then makes room by dropping).
-    pub fn lock_with_room(&self, n: usize, timeout: Duration) -> MutexGuard<'_, FlowQueues<T>> {
+    /// Locks the queues once `n` more packets fit under [`FQ_LIMIT`] and in the budget,
+    /// or `timeout` passed (the caller then makes room by dropping). The budget is
+    /// waited for first, without the lock, since the pumps of other peers free it.
+    pub fn lock_with_room(&self, n: usize, timeout: Duration) -> FqGuard<'_, T> {
+        let deadline = std::time::Instant::now() + timeout;
+        self.budget.wait_for_room(n, deadline);
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
         let full = |q: &FlowQueues<T>| q.len() + n > FQ_LIMIT;
-        self.room.wait_while(self.lock(), timeout, full).0
+        let locked = self.queues.lock().unwrap_or_else(|p| p.into_inner());
+        let queues = self.room.wait_while(locked, left, full).0;
+        self.guard(queues)
     }
 
     /// Wakes a reader waiting for room. Call with the queues locked, after dequeuing.

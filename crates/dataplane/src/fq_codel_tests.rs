@@ -238,3 +238,50 @@ fn an_empty_queue_dequeues_nothing_and_counts_nothing() {
     assert!(!q.drop_from_fattest());
     assert_eq!(v, Verdicts::default());
 }
+
+/// The transmit budget counts exactly what the flow queues hold once each lock is
+/// released, whatever changed it (enqueue, CoDel's drops at dequeue, overflow, clear),
+/// and gets it back when they go; a reader finds room only within it.
+#[test]
+fn the_budget_follows_what_the_flow_queues_hold() {
+    let budget = Arc::new(QueueBudget::new(100));
+    let params = CodelParams::default();
+    let a = SharedFlowQueues::with_budget(budget.clone());
+    let b = SharedFlowQueues::with_budget(budget.clone());
+    {
+        let mut q = a.lock();
+        for s in 0..60 {
+            q.enqueue(s % 3, p(s % 3, s, false), 0);
+        }
+        assert_eq!(budget.used(), 0, "settled when the lock goes");
+    }
+    assert_eq!(budget.used(), 60);
+    {
+        let q = b.lock_with_room(10, Duration::ZERO);
+        assert_eq!(q.budget_room(), 40);
+    }
+    {
+        let mut q = b.lock();
+        for s in 0..30 {
+            q.enqueue(7, p(7, s, false), 0);
+        }
+        assert!(q.drop_from_fattest());
+    }
+    assert_eq!(budget.used(), 89);
+    {
+        // Dequeued long after: CoDel drops some and delivers others; both leave.
+        let mut q = a.lock();
+        let mut v = Verdicts::default();
+        let mut out = 0;
+        for _ in 0..20 {
+            out += usize::from(q.dequeue(&params, 500 * MS, &mut v).is_some());
+        }
+        q.settle();
+        assert_eq!(budget.used(), 29 + q.len());
+        assert_eq!(q.len(), 60 - out - v.dropped as usize);
+    }
+    b.lock().clear();
+    assert_eq!(budget.used(), a.lock().len());
+    drop(a);
+    assert_eq!(budget.used(), 0);
+}

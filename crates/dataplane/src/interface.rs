@@ -8,7 +8,7 @@
 //! `indices` → `timers`. Nothing holds a lock across crypto, and only the UAPI takes
 //! `table` for writing.
 
-use crate::budget::{QueueBudget, RX_BUDGET_PACKETS};
+use crate::budget::Budgets;
 use crate::codel::{Codel, CodelParams};
 use crate::fq_codel::{QueueDiscipline, QueuePolicy};
 use crate::netwatch::NetWatch;
@@ -22,7 +22,7 @@ use rand_core::{OsRng, RngCore};
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant, SystemTime};
 use wirelane_io::poll::Waker;
@@ -58,14 +58,23 @@ impl PeerTable {
     }
 }
 
+/// Peers one interface holds at most, whatever the memory: the kernel's bound.
+pub const MAX_PEERS_PER_INTERFACE: usize = 1 << 20;
+
 pub struct Interface {
     /// Unique among the runtime's interfaces, for as long as the process runs.
     pub id: u32,
     pub tun: Box<dyn TunPort>,
     /// How transmit packets queue before their nonce.
     pub queue: QueueDiscipline,
-    /// What every peer's receive queue holds together, at most.
-    pub rx_budget: Arc<QueueBudget>,
+    /// What every peer's queues of one direction hold together, at most.
+    pub budgets: Budgets,
+    /// Peers the table may hold (`set_max_peers`); an update that would exceed it is
+    /// refused whole.
+    max_peers: AtomicUsize,
+    /// Held through each configuration update, so that the peer count an update is
+    /// checked against cannot change before it is applied.
+    pub(crate) apply_lock: Mutex<()>,
     /// CoDel's parameters, for both directions.
     pub codel: CodelParams,
     /// The receive side's controller, with fq-codel: one per interface, since its
@@ -161,7 +170,9 @@ impl Interface {
             indices: Mutex::new(HashMap::new()),
             sockets: RwLock::new(sockets),
             sockets_generation: AtomicU64::new(0),
-            rx_budget: Arc::new(QueueBudget::new(RX_BUDGET_PACKETS)),
+            budgets: Budgets::default(),
+            max_peers: AtomicUsize::new(MAX_PEERS_PER_INTERFACE),
+            apply_lock: Mutex::new(()),
             gate: Mutex::new(None),
             handshake_tx,
             handshake_rx,
@@ -209,6 +220,17 @@ impl Interface {
 
     pub fn table(&self) -> RwLockReadGuard<'_, PeerTable> {
         self.table.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Sets how many peers the table may hold, at most [`MAX_PEERS_PER_INTERFACE`].
+    /// Peers already configured stay; only updates that would add more are refused.
+    pub fn set_max_peers(&self, n: usize) {
+        self.max_peers
+            .store(n.min(MAX_PEERS_PER_INTERFACE), Ordering::Relaxed);
+    }
+
+    pub fn max_peers(&self) -> usize {
+        self.max_peers.load(Ordering::Relaxed)
     }
 
     pub(crate) fn table_mut(&self) -> RwLockWriteGuard<'_, PeerTable> {

@@ -39,11 +39,31 @@ const HANDSHAKE_NICE: libc::c_int = 10;
 
 thread_local! {
     static READER: Cell<bool> = const { Cell::new(false) };
+    /// Crypt items this reader may still run itself in its current read.
+    static SHORTCUTS: Cell<u32> = const { Cell::new(0) };
 }
 
 /// Whether the calling thread is one of the interfaces' readers.
 pub fn is_reader_thread() -> bool {
     READER.get()
+}
+
+/// A reader begins handing on one read's packets: it may run the first small crypt
+/// item itself (the workqueue model's idle shortcut), and no more. Without the bound,
+/// a read of one packet for each of 64 peers (transmit to many peers) ran all 64 items
+/// on the reader, one after the other, each finding the queue empty because the one
+/// before never reached it, while the workers idled.
+fn begin_read() {
+    SHORTCUTS.set(1);
+}
+
+/// Takes this read's shortcut, if the calling reader still has it.
+pub fn take_shortcut() -> bool {
+    let left = SHORTCUTS.get();
+    if left > 0 {
+        SHORTCUTS.set(left - 1);
+    }
+    left > 0
 }
 
 /// Spawns `iface`'s readers: the TUN reader and one per UDP socket role and family.
@@ -100,7 +120,10 @@ fn tun_reader(iface: &Arc<Interface>, sched: &dyn Scheduler) {
             Err(e) => return iface.fail(format!("polling the TUN device failed: {e}")),
         }
         match stages::tun_read::read_batch(iface, &mut scratch) {
-            Ok(packets) => stages::nonce::enqueue_routed(c, stages::route::route(c, packets)),
+            Ok(packets) => {
+                begin_read();
+                stages::nonce::enqueue_routed(c, stages::route::route(c, packets))
+            }
             // The interface was deleted (e.g. `ip link del`, `wg-quick down`).
             Err(e) => return iface.fail(format!("TUN device is gone: {e}")),
         }
@@ -146,7 +169,10 @@ fn udp_reader(iface: &Arc<Interface>, sched: &dyn Scheduler, v6: bool, role: Soc
                 }
             }
             match stages::udp_recv::recv_batch(&*sock, &mut scratch) {
-                Ok(packets) => stages::classify::classify(c, packets, &mut replies),
+                Ok(packets) => {
+                    begin_read();
+                    stages::classify::classify(c, packets, &mut replies)
+                }
                 Err(e) => tracing::warn!(error = %e, "UDP receive failed"),
             }
         }

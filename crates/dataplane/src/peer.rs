@@ -4,7 +4,7 @@
 //! Lock order (outermost first): device peer table → `state` → index table. The state
 //! mutex is held only for protocol bookkeeping, never during crypto or I/O.
 
-use crate::budget::QueueBudget;
+use crate::budget::Budgets;
 use crate::fq_codel::SharedFlowQueues;
 use crate::packet::Batch;
 use crate::packet::Packet;
@@ -12,7 +12,7 @@ use crate::queue::OrderedQueue;
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard};
 use wirelane_io::udp::LocalAddr;
 use wirelane_proto::PeerState;
 
@@ -57,16 +57,16 @@ pub struct StickySource {
 pub const UNCHECKED: u64 = 0;
 
 impl Peer {
-    /// A peer whose receive queue counts against `rx_budget`, its interface's.
-    pub fn new(id: u32, public_key: [u8; 32], psk: [u8; 32], rx_budget: Arc<QueueBudget>) -> Peer {
+    /// A peer whose queues count against its interface's `budgets`.
+    pub fn new(id: u32, public_key: [u8; 32], psk: [u8; 32], budgets: &Budgets) -> Peer {
         Peer {
             id,
             public_key,
             state: Mutex::new(PeerState::new(public_key, psk)),
             staged: Mutex::new(VecDeque::new()),
-            tx_fq: SharedFlowQueues::default(),
-            tx_queue: OrderedQueue::default(),
-            rx_queue: OrderedQueue::with_budget(rx_budget),
+            tx_fq: SharedFlowQueues::with_budget(budgets.tx.clone()),
+            tx_queue: OrderedQueue::with_budget(budgets.tx.clone()),
+            rx_queue: OrderedQueue::with_budget(budgets.rx.clone()),
             rx_bytes: AtomicU64::new(0),
             tx_bytes: AtomicU64::new(0),
             removed: AtomicBool::new(false),
@@ -163,8 +163,7 @@ mod tests {
 
     #[test]
     fn staging_is_bounded_and_drops_the_oldest() {
-        let budget = Arc::new(QueueBudget::new(crate::budget::RX_BUDGET_PACKETS));
-        let peer = Peer::new(1, [7; 32], [0; 32], budget);
+        let peer = Peer::new(1, [7; 32], [0; 32], &Budgets::default());
         let packets = (0..1000u32).map(|i| {
             let mut p = Packet::with_capacity(4);
             p.len = 4;

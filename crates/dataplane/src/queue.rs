@@ -160,10 +160,18 @@ impl<T: Ordered> OrderedQueue<T> {
     /// Appends a batch; false (and the batch is not queued) when the queue, or the
     /// budget it shares, is full.
     pub fn push(&self, batch: Arc<T>, npackets: usize) -> bool {
+        if self.budget.as_ref().is_some_and(|b| !b.fits(npackets)) {
+            return false;
+        }
+        self.push_past_budget(batch, npackets)
+    }
+
+    /// Appends a batch even if the shared budget is full (it still counts there);
+    /// false when the queue itself is. For packets the budget already counted in a
+    /// queue before this one, and for the few it must never refuse.
+    pub fn push_past_budget(&self, batch: Arc<T>, npackets: usize) -> bool {
         let mut st = self.lock();
-        if self.packets.load(Ordering::Relaxed) + npackets > MAX_QUEUED_PACKETS
-            || self.budget.as_ref().is_some_and(|b| !b.fits(npackets))
-        {
+        if self.packets.load(Ordering::Relaxed) + npackets > MAX_QUEUED_PACKETS {
             return false;
         }
         self.packets.fetch_add(npackets, Ordering::Relaxed);

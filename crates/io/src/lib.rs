@@ -1,6 +1,7 @@
 //! Platform I/O only: the TUN device, UDP sockets, and a wakeable poll. Nothing here
 //! knows about peers, keys or WireGuard messages.
 
+pub mod memory;
 pub mod netlink;
 pub mod offload;
 pub mod poll;

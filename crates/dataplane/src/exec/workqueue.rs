@@ -10,13 +10,13 @@
 //! (`fairq`): under overload each tunnel gets an equal share of the pool, in packets.
 //!
 //! The idle shortcut: a reader (see `loops::is_reader_thread`) that finds the queue
-//! empty runs a small item itself rather than waking a worker for it (see
-//! [`Workqueue::run_here`]).
+//! empty runs a small item itself rather than waking a worker for it, at most one
+//! crypt item per read (see [`Workqueue::run_here`]).
 
 use super::fairq::FairQueue;
 use super::{ExecModel, Joined, Model, Shared};
 use crate::interface::Interface;
-use crate::loops::is_reader_thread;
+use crate::loops::{is_reader_thread, take_shortcut};
 use crate::sched::{CryptWork, Direction, Scheduler, SerialWork};
 use crate::stages;
 use std::sync::Arc;
@@ -86,7 +86,12 @@ impl Workqueue {
                 q.queued_packets() <= SHORTCUT_MAX_PACKETS
             }
         };
-        if small && is_reader_thread() && self.queue.is_empty() {
+        // A crypt item also needs the read's one shortcut (`loops::take_shortcut`):
+        // the first item of a read runs here, the rest of a read go to the workers.
+        // A serial stage needs none: it follows an item this reader ran, or finds
+        // four packets at most.
+        let allowed = |item: &Item| matches!(item, Item::Serial(_)) || take_shortcut();
+        if small && is_reader_thread() && self.queue.is_empty() && allowed(&item) {
             self.run(item);
             None
         } else {

@@ -14,7 +14,7 @@
 //! packets in is their counter order; see `SharedFlowQueues` for the hand-off between
 //! pumps. Handshake messages and keepalives never pass through here.
 
-use super::nonce::{assign_and_enqueue, BACKPRESSURE_WAIT};
+use super::nonce::{assign_and_enqueue, Budget, BACKPRESSURE_WAIT};
 use super::StageCtx;
 use crate::fq_codel::Verdicts;
 use crate::inner::flow_hash;
@@ -30,16 +30,23 @@ use std::sync::Arc;
 pub const RING_PACKETS: usize = 4 * MAX_BATCH;
 
 /// Queues `packets` of `peer` by flow, then pumps. The reader waits while the peer's
-/// flow queues are full, as it does on the FIFO; after [`BACKPRESSURE_WAIT`] it makes
-/// room by dropping from the fattest flow.
+/// flow queues are full, or the interface's transmit budget, as it does on the FIFO;
+/// after [`BACKPRESSURE_WAIT`] it makes room by dropping from the peer's fattest flow,
+/// or, with nothing of the peer's queued, drops the new packet.
 pub fn enqueue(c: StageCtx<'_>, peer: &Arc<Peer>, packets: Vec<Packet>) {
     let now = c.iface.now().as_nanos() as u64;
     let mut overflow = 0u64;
     {
         let mut q = peer.tx_fq.lock_with_room(packets.len(), BACKPRESSURE_WAIT);
+        let mut room = q.budget_room();
         for p in packets {
-            if q.len() >= crate::fq_codel::FQ_LIMIT && q.drop_from_fattest() {
+            if q.len() >= crate::fq_codel::FQ_LIMIT || room == 0 {
                 overflow += 1;
+                if !q.drop_from_fattest() {
+                    continue;
+                }
+            } else {
+                room -= 1;
             }
             q.enqueue(flow_hash(p.plaintext()), p, now);
         }
@@ -82,7 +89,10 @@ pub fn pump(c: StageCtx<'_>, peer: &Arc<Peer>) {
                 if chunk.is_empty() {
                     break;
                 }
-                assign_and_enqueue(c, peer, chunk);
+                // Before the ordered queue counts them: never twice at once.
+                q.settle();
+                // Counted in the budget since they entered the flow queues.
+                assign_and_enqueue(c, peer, chunk, Budget::Bypassed);
             }
         }
         drop(q);

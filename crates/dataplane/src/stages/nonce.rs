@@ -45,7 +45,7 @@ pub fn enqueue_routed(c: StageCtx<'_>, groups: Vec<(Arc<Peer>, Vec<Packet>)>) {
         while !group.is_empty() {
             let rest = group.split_off(group.len().min(MAX_BATCH));
             peer.tx_queue.wait_for_room(group.len(), BACKPRESSURE_WAIT);
-            assign_and_enqueue(c, &peer, group);
+            assign_and_enqueue(c, &peer, group, Budget::Enforced);
             group = rest;
         }
     }
@@ -68,10 +68,12 @@ pub fn step<R>(
                     staged.push(Packet::with_capacity(0));
                 }
                 if !staged.is_empty() {
-                    assign_and_enqueue(c, peer, staged);
+                    assign_and_enqueue(c, peer, staged, Budget::Bypassed);
                 }
             }
-            Output::Keepalive => assign_and_enqueue(c, peer, vec![Packet::with_capacity(0)]),
+            Output::Keepalive => {
+                assign_and_enqueue(c, peer, vec![Packet::with_capacity(0)], Budget::Bypassed)
+            }
             Output::DropStaged => {
                 let n = peer.take_staged().len();
                 c.iface
@@ -84,7 +86,18 @@ pub fn step<R>(
     r
 }
 
-pub fn assign_and_enqueue(c: StageCtx<'_>, peer: &Arc<Peer>, packets: Vec<Packet>) {
+/// Whether packets entering a peer's TX queue must fit the interface's transmit budget
+/// (`budget`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Budget {
+    /// A reader's new packets, after waiting for room: dropped if it is still full.
+    Enforced,
+    /// Packets it already counted in the flow queues, and a keepalive or the packets
+    /// staged during a handshake, which it must never refuse.
+    Bypassed,
+}
+
+pub fn assign_and_enqueue(c: StageCtx<'_>, peer: &Arc<Peer>, packets: Vec<Packet>, budget: Budget) {
     if peer.is_removed() {
         return;
     }
@@ -106,7 +119,11 @@ pub fn assign_and_enqueue(c: StageCtx<'_>, peer: &Arc<Peer>, packets: Vec<Packet
                         p.counter = first + i as u64;
                     }
                     let batch = Batch::new(kp, chunk);
-                    if peer.tx_queue.push(batch.clone(), n) {
+                    let queued = match budget {
+                        Budget::Enforced => peer.tx_queue.push(batch.clone(), n),
+                        Budget::Bypassed => peer.tx_queue.push_past_budget(batch.clone(), n),
+                    };
+                    if queued {
                         Ok(batch)
                     } else {
                         Err(None)

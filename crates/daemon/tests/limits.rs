@@ -1,0 +1,94 @@
+//! Resource limits at configuration time: a peer count past the interface's limit is
+//! refused whole with a clear error and changes nothing, and peers cost no file
+//! descriptors, so the descriptor limit never bounds them.
+
+use wirelane_lab::impls::start_wirelane;
+use wirelane_lab::netns::{sh, unique};
+use wirelane_lab::peers::config;
+use wirelane_lab::testbed::*;
+
+/// Runs `wg ARGS` in `d`'s namespace: its output, or its error message.
+fn wg(d: &Daemon, args: &[&str]) -> Result<String, String> {
+    let out = std::process::Command::new("ip")
+        .args(["netns", "exec", &d.ns, "wg"])
+        .args(args)
+        .output()
+        .unwrap();
+    match out.status.success() {
+        true => Ok(String::from_utf8_lossy(&out.stdout).into_owned()),
+        false => Err(String::from_utf8_lossy(&out.stderr).into_owned()),
+    }
+}
+
+/// Writes `conf` to a file of its own and runs `wg CMD IF FILE`.
+fn wg_conf(d: &Daemon, cmd: &str, conf: &str) -> Result<String, String> {
+    let path = std::env::temp_dir().join(format!("{}-{cmd}.conf", d.ifname));
+    std::fs::write(&path, conf).unwrap();
+    let out = wg(d, &[cmd, &d.ifname, path.to_str().unwrap()]);
+    let _ = std::fs::remove_file(path);
+    out
+}
+
+/// `--max-peers 100`: 80 peers load; adding 30 more is refused with the kernel's
+/// errno ("Cannot allocate memory" from `wg`) and leaves the 80 exactly as they were;
+/// replacing them with 100 loads; a set that keeps the count (one removed, one added)
+/// is allowed at the limit.
+#[test]
+fn a_configuration_past_the_peer_limit_is_refused_whole() {
+    require_root();
+    let ns = Netns::fresh();
+    let d = start_wirelane(WIRELANE, &ns, &[unique("lw")], &["--max-peers", "100"])
+        .unwrap_or_else(|e| panic!("{e}"))
+        .remove(0);
+    let private = genkeys().private;
+    wg_conf(&d, "setconf", &config(80, &private)).unwrap();
+    let before = d.wg("show IF dump");
+    assert_eq!(d.dump_peers().len(), 80);
+
+    // config(110) holds the same 80 keys first, then 30 new ones.
+    let refused = wg_conf(&d, "addconf", &config(110, &private)).unwrap_err();
+    assert!(refused.contains("Cannot allocate memory"), "{refused}");
+    assert_eq!(
+        d.wg("show IF dump"),
+        before,
+        "a refused update changes nothing"
+    );
+
+    wg_conf(&d, "setconf", &config(100, &private)).unwrap();
+    let peers = d.dump_peers();
+    assert_eq!(peers.len(), 100);
+    let (gone, new) = (&peers[0].public_key, genkeys().public);
+    d.wg(&format!(
+        "set IF peer {gone} remove peer {new} allowed-ips 10.99.0.1/32"
+    ));
+    let keys: Vec<String> = d.dump_peers().into_iter().map(|p| p.public_key).collect();
+    assert_eq!(keys.len(), 100);
+    assert!(keys.contains(&new) && !keys.contains(gone));
+    // One more is one too many.
+    let more = genkeys().public;
+    let err = wg(&d, &["set", &d.ifname, "peer", &more]).unwrap_err();
+    assert!(err.contains("Cannot allocate memory"), "{err}");
+    assert_eq!(d.dump_peers().len(), 100);
+}
+
+/// Peers take no descriptors (one set of sockets serves them all): with the daemon's
+/// descriptor limit lowered to 64, 5,000 peers load and every one is listed, where an
+/// implementation with a socket per peer fails past its limit.
+#[test]
+fn peers_take_no_file_descriptors() {
+    require_root();
+    let ns = Netns::fresh();
+    let d = Daemon::start(WIRELANE, &ns);
+    let pid = d.pid();
+    let fds = || {
+        std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .unwrap()
+            .count()
+    };
+    let open = fds();
+    assert!(open < 64, "{open} descriptors before any peer");
+    sh(&format!("prlimit --pid {pid} --nofile=64:64")).unwrap();
+    wg_conf(&d, "setconf", &config(5_000, &genkeys().private)).unwrap();
+    assert_eq!(d.dump_peers().len(), 5_000);
+    assert!(fds() <= open + 2, "{} descriptors with 5,000 peers", fds());
+}
