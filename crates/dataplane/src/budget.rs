@@ -33,6 +33,13 @@ pub const RX_BUDGET_PACKETS: usize = 8192;
 /// every peer's ordered queue and, under `fq-codel`, its flow queues in front.
 pub const TX_BUDGET_PACKETS: usize = 4096;
 
+/// Packets an interface's peers hold staged together while their handshakes run
+/// (8 MiB of buffers), beside each peer's own bound (`peer::MAX_STAGED_PACKETS`).
+/// Nothing waits for it: past it, staging drops, since a peer without a session must
+/// not hold back the peers that have one. Without it, a gateway still sending to
+/// 10,000 peers whose sessions had expired held 128 packets for each: 2.8 GB.
+pub const STAGED_BUDGET_PACKETS: usize = 4096;
+
 /// How often a reader waiting for room looks again.
 pub const POLL: Duration = Duration::from_micros(200);
 
@@ -41,6 +48,7 @@ pub const POLL: Duration = Duration::from_micros(200);
 pub struct Budgets {
     pub rx: Arc<QueueBudget>,
     pub tx: Arc<QueueBudget>,
+    pub staged: Arc<QueueBudget>,
 }
 
 impl Default for Budgets {
@@ -48,6 +56,7 @@ impl Default for Budgets {
         Budgets {
             rx: Arc::new(QueueBudget::new(RX_BUDGET_PACKETS)),
             tx: Arc::new(QueueBudget::new(TX_BUDGET_PACKETS)),
+            staged: Arc::new(QueueBudget::new(STAGED_BUDGET_PACKETS)),
         }
     }
 }

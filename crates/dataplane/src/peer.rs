@@ -4,7 +4,7 @@
 //! Lock order (outermost first): device peer table → `state` → index table. The state
 //! mutex is held only for protocol bookkeeping, never during crypto or I/O.
 
-use crate::budget::Budgets;
+use crate::budget::{Budgets, QueueBudget};
 use crate::fq_codel::SharedFlowQueues;
 use crate::packet::Batch;
 use crate::packet::Packet;
@@ -12,12 +12,13 @@ use crate::queue::OrderedQueue;
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use wirelane_io::udp::LocalAddr;
 use wirelane_proto::PeerState;
 
 /// Most packets a peer without a session holds while its handshake runs (the kernel's
-/// MAX_STAGED_PACKETS); the oldest are dropped first.
+/// MAX_STAGED_PACKETS); the oldest are dropped first. All peers together hold at most
+/// `budget::STAGED_BUDGET_PACKETS`.
 pub const MAX_STAGED_PACKETS: usize = 128;
 
 pub struct Peer {
@@ -26,6 +27,9 @@ pub struct Peer {
     pub public_key: [u8; 32],
     state: Mutex<PeerState>,
     staged: Mutex<VecDeque<Packet>>,
+    /// What every peer's staged packets count against. Invariant: it counts exactly
+    /// what `staged` holds, changed under `staged`'s lock.
+    staged_budget: Arc<QueueBudget>,
     /// Transmit packets before their nonce, with `--queue fq-codel` (see `stages::fq`).
     pub tx_fq: SharedFlowQueues<Packet>,
     pub tx_queue: OrderedQueue<Batch>,
@@ -64,6 +68,7 @@ impl Peer {
             public_key,
             state: Mutex::new(PeerState::new(public_key, psk)),
             staged: Mutex::new(VecDeque::new()),
+            staged_budget: budgets.staged.clone(),
             tx_fq: SharedFlowQueues::with_budget(budgets.tx.clone()),
             tx_queue: OrderedQueue::with_budget(budgets.tx.clone()),
             rx_queue: OrderedQueue::with_budget(budgets.rx.clone()),
@@ -79,14 +84,20 @@ impl Peer {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Stages packets until a session exists, dropping the oldest beyond the bound.
+    /// Stages packets until a session exists; returns how many were dropped. Beyond
+    /// the peer's bound, or the interface's, the peer's oldest goes first; with the
+    /// interface's bound reached and nothing of its own staged, the new packet goes.
     pub fn stage(&self, packets: impl IntoIterator<Item = Packet>) -> usize {
         let mut q = self.staged.lock().unwrap_or_else(|p| p.into_inner());
         let mut dropped = 0;
         for p in packets {
-            if q.len() >= MAX_STAGED_PACKETS {
-                q.pop_front();
+            if q.len() >= MAX_STAGED_PACKETS || !self.staged_budget.fits(1) {
                 dropped += 1;
+                if q.pop_front().is_none() {
+                    continue;
+                }
+            } else {
+                self.staged_budget.add(1);
             }
             q.push_back(p);
         }
@@ -95,6 +106,7 @@ impl Peer {
 
     pub fn take_staged(&self) -> Vec<Packet> {
         let mut q = self.staged.lock().unwrap_or_else(|p| p.into_inner());
+        self.staged_budget.sub(q.len());
         q.drain(..).collect()
     }
 
@@ -156,6 +168,13 @@ impl Peer {
     }
 }
 
+impl Drop for Peer {
+    fn drop(&mut self) {
+        let q = self.staged.get_mut().unwrap_or_else(|p| p.into_inner());
+        self.staged_budget.sub(q.len());
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -180,5 +199,36 @@ mod tests {
             "the newest are kept"
         );
         assert_eq!(peer.staged_len(), 0);
+    }
+
+    /// All peers together stage at most the interface's budget: past it a peer keeps
+    /// its newest in place of its oldest, and one with nothing staged drops the new
+    /// packet; taking or dropping a peer gives its share back.
+    #[test]
+    fn staging_over_all_peers_is_bounded() {
+        let budgets = Budgets::default();
+        let limit = crate::budget::STAGED_BUDGET_PACKETS;
+        let peers: Vec<Peer> = (0..limit / MAX_STAGED_PACKETS + 2)
+            .map(|i| Peer::new(i as u32, [i as u8; 32], [0; 32], &budgets))
+            .collect();
+        let packets = |n: usize| (0..n).map(|_| Packet::with_capacity(4));
+        let full = limit / MAX_STAGED_PACKETS;
+        for p in &peers[..full] {
+            assert_eq!(p.stage(packets(MAX_STAGED_PACKETS)), 0);
+        }
+        assert_eq!(budgets.staged.used(), limit);
+        assert_eq!(
+            peers[full].stage(packets(10)),
+            10,
+            "nothing of its own to give up"
+        );
+        assert_eq!(peers[full].staged_len(), 0);
+        assert_eq!(peers[0].stage(packets(5)), 5, "its oldest make room");
+        assert_eq!(peers[0].staged_len(), MAX_STAGED_PACKETS);
+        assert_eq!(peers[0].take_staged().len(), MAX_STAGED_PACKETS);
+        assert_eq!(peers[full].stage(packets(10)), 0);
+        assert_eq!(budgets.staged.used(), limit - MAX_STAGED_PACKETS + 10);
+        drop(peers);
+        assert_eq!(budgets.staged.used(), 0);
     }
 }
