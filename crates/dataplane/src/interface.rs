@@ -41,6 +41,8 @@ pub struct HandshakeJob {
     pub src: SocketAddr,
     /// Where it arrived: the peer's sticky source once the message authenticates.
     pub local: Option<LocalAddr>,
+    /// When it was queued (`Interface::now`, ns), for the lanes' sojourn.
+    pub queued_ns: u64,
 }
 
 /// Peers by key and by id, plus the routing table over ids.
@@ -304,6 +306,7 @@ impl Interface {
                     bytes: bytes.to_vec(),
                     src,
                     local,
+                    queued_ns: self.now().as_nanos() as u64,
                 })
                 .is_ok();
         if !queued {
@@ -317,10 +320,18 @@ impl Interface {
     /// The next queued handshake message: the cookie lane first, always (see
     /// `cookie_lane_tx`).
     pub(crate) fn take_handshake(&self) -> Option<HandshakeJob> {
-        self.cookie_lane_rx
+        let job = self
+            .cookie_lane_rx
             .try_recv()
             .or_else(|_| self.handshake_rx.try_recv())
-            .ok()
+            .ok()?;
+        let waited = (self.now().as_nanos() as u64).saturating_sub(job.queued_ns);
+        let s = &self.stats;
+        s.handshake_dequeued.fetch_add(1, Ordering::Relaxed);
+        s.handshake_sojourn_ns.fetch_add(waited, Ordering::Relaxed);
+        s.handshake_sojourn_max_ns
+            .fetch_max(waited, Ordering::Relaxed);
+        Some(job)
     }
 
     /// The index table the protocol allocates `peer`'s receiver indices in.

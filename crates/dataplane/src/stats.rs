@@ -91,6 +91,12 @@ counters! {
     rx_sojourn_max_ns,
     /// Handshake messages dropped because the handshake queue was full.
     handshake_queue_full,
+    /// Handshake messages taken off the handshake lanes (cookie lane and plain), the
+    /// sum of their waits there, from the reader's enqueue to the handshake stage's
+    /// dequeue (the mean is the quotient), and the longest seen.
+    handshake_dequeued,
+    handshake_sojourn_ns,
+    handshake_sojourn_max_ns,
     /// Handshake messages dropped for an invalid mac1 (no DH spent on them).
     handshake_invalid_mac1,
     /// Handshake messages dropped by the per-source rate limit.

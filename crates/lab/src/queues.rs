@@ -2,8 +2,9 @@
 //! waited in each and what the CoDel controllers dropped or marked. The transmit figure
 //! is the flow queues' sojourn (before the nonce, `--queue fq-codel` only); the receive
 //! figure runs from the kernel's arrival timestamp to the TUN write, so it covers the
-//! UDP socket buffer, the crypt queue and the ordered queue. The lab reports them per
-//! cell beside the latency they explain.
+//! UDP socket buffer, the crypt queue and the ordered queue; the handshake figure is
+//! the handshake lanes' wait. The lab reports them per cell beside the latency they
+//! explain.
 
 use crate::record::RunRecord;
 use crate::signatures::Snapshot;
@@ -30,6 +31,11 @@ pub struct QueueSig {
     /// in [2^(i-1), 2^i) µs).
     #[serde(default)]
     pub rx_hist: Vec<u64>,
+    /// Handshake messages taken off the handshake lanes, and their summed wait there.
+    #[serde(default)]
+    pub hs_dequeued: u64,
+    #[serde(default)]
+    pub hs_sojourn_ns: u64,
 }
 
 impl QueueSig {
@@ -56,6 +62,8 @@ impl QueueSig {
                 .take_while(|k| after.contains_key(k))
                 .map(|k| d(&k))
                 .collect(),
+            hs_dequeued: d("handshake_dequeued"),
+            hs_sojourn_ns: d("handshake_sojourn_ns"),
         }
     }
 
@@ -77,6 +85,8 @@ impl QueueSig {
         for (a, b) in self.rx_hist.iter_mut().zip(&o.rx_hist) {
             *a += b;
         }
+        self.hs_dequeued += o.hs_dequeued;
+        self.hs_sojourn_ns += o.hs_sojourn_ns;
     }
 
     /// The receive sojourn below which a share `q` of the packets stayed, in µs, as
@@ -111,7 +121,7 @@ fn runqueue_wait_per_cpu_s(r: &RunRecord) -> Option<f64> {
     (cpu > 0.0 && wait > 0.0).then(|| wait / cpu)
 }
 
-const HEADER: [&str; 11] = [
+const HEADER: [&str; 12] = [
     "cell",
     "implementation",
     "RX sojourn mean µs",
@@ -119,6 +129,7 @@ const HEADER: [&str; 11] = [
     "RX sojourn p99 µs (≤)",
     "RX sojourn max µs",
     "TX flow-queue sojourn mean µs",
+    "handshake lane wait mean µs",
     "CoDel drops/s",
     "CoDel CE marks/s",
     "RFC 6040 drops",
@@ -144,6 +155,11 @@ pub fn table(g: &Grouped<'_>, impl_order: &[String]) -> String {
                 .filter(|q| q.tx_dequeued > 0)
                 .map(|q| q.tx_sojourn_ns as f64 / q.tx_dequeued as f64 / 1e3)
         });
+        let hs_mean = med(|r| {
+            both_ends(r)
+                .filter(|q| q.hs_dequeued > 0)
+                .map(|q| q.hs_sojourn_ns as f64 / q.hs_dequeued as f64 / 1e3)
+        });
         let drops =
             med(|r| both_ends(r).map(|q| per_s(q.tx_dropped + q.rx_dropped + q.tx_overflow, r)));
         let marks = med(|r| both_ends(r).map(|q| per_s(q.tx_marked + q.rx_marked, r)));
@@ -158,6 +174,7 @@ pub fn table(g: &Grouped<'_>, impl_order: &[String]) -> String {
             f(rx_p99),
             f(rx_max),
             f(tx_mean),
+            f(hs_mean),
             f(drops),
             f(marks),
             f(ce),
@@ -166,8 +183,8 @@ pub fn table(g: &Grouped<'_>, impl_order: &[String]) -> String {
     });
     markdown_table(
         "Queues (wirelane only; both ends, medians): receive sojourn from the kernel's \
-         arrival time to the TUN write, transmit flow-queue sojourn, controller verdicts, \
-         and how long the daemons' threads waited for a CPU:",
+         arrival time to the TUN write, transmit flow-queue sojourn, the handshake lanes' \
+         wait, controller verdicts, and how long the daemons' threads waited for a CPU:",
         &HEADER,
         &rows,
     )
