@@ -210,6 +210,7 @@ impl Cell {
             sealed_max_mib: crate::star::DEFAULT_SEALED_MAX_MIB,
             shared_source,
             sample_every: 64,
+            storm_peers: 0,
         })
     }
 

@@ -149,7 +149,7 @@ impl Generator {
     pub fn new(
         peers: Vec<EmulatedPeer>,
         gateway: SocketAddr,
-        source: Option<fn(usize) -> std::net::Ipv4Addr>,
+        source: Option<&dyn Fn(usize) -> std::net::Ipv4Addr>,
     ) -> Result<Generator> {
         if peers.len() > MAX_PEERS {
             return Err(format!("at most {MAX_PEERS} emulated peers").into());

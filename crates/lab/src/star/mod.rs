@@ -8,7 +8,8 @@
 //! GSO while the sink checks every packet the gateway delivers; transmit direction: a
 //! sender beside the gateway sends to every peer's inner address while the generator
 //! counts what reaches each peer and opens a sample → the gateway's counters, CPU and
-//! memory over the phase, and where each lost packet was lost.
+//! memory over the phase, and where each lost packet was lost. With `storm_peers`, that
+//! many more peers storm the gateway with handshakes during the phase (`storm`).
 
 pub mod emulated;
 pub mod gateway;
@@ -16,6 +17,7 @@ pub mod generator;
 pub mod inner;
 pub mod report;
 pub mod sink;
+pub mod storm;
 
 use crate::cpu;
 use crate::impls::{start, Impl};
@@ -29,6 +31,9 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, OnceLock};
 use std::time::{Duration, Instant};
+
+/// The longest timed phase, s: it ends before the sessions do (see `validate`).
+pub const MAX_PHASE_S: f64 = 170.0;
 
 /// The default cap on sealed traffic held in memory, MiB.
 pub const DEFAULT_SEALED_MAX_MIB: usize = 4096;
@@ -97,6 +102,10 @@ pub struct StarSpec {
     /// (1: all of them, and then checks every sequence number).
     #[serde(default = "default_sample_every")]
     pub sample_every: u64,
+    /// Peers configured beside the N that have no session before the phase and all
+    /// initiate when it starts (`storm`); 0: none.
+    #[serde(default)]
+    pub storm_peers: usize,
 }
 
 fn default_sample_every() -> u64 {
@@ -112,16 +121,19 @@ pub struct Shape {
     /// Offered packets per second, rounded (None: unlimited).
     pub offered_pps: Option<u64>,
     pub storm: bool,
+    /// Peers storming during the phase.
+    pub storm_peers: usize,
 }
 
 impl Shape {
     /// Table order: direction, then N, load and storm.
-    pub fn order(&self) -> (u8, usize, u64, bool) {
+    pub fn order(&self) -> (u8, usize, u64, bool, usize) {
         (
             self.way as u8,
             self.peers,
             self.offered_pps.unwrap_or(u64::MAX),
             self.storm,
+            self.storm_peers,
         )
     }
 }
@@ -136,6 +148,9 @@ impl std::fmt::Display for Shape {
         if self.storm {
             f.write_str(" storm")?;
         }
+        if self.storm_peers > 0 {
+            write!(f, " +{} storming", self.storm_peers)?;
+        }
         Ok(())
     }
 }
@@ -147,6 +162,7 @@ impl StarSpec {
             peers: self.peers,
             offered_pps: self.offered_pps.map(|p| p.round() as u64),
             storm: self.handshake_rate.is_none(),
+            storm_peers: self.storm_peers,
         }
     }
 
@@ -158,8 +174,15 @@ impl StarSpec {
         if !(min..=generator::MTU).contains(&self.size) {
             return Err(format!("star: size must be {min}..={}", generator::MTU).into());
         }
-        if !(0.1..=600.0).contains(&self.seconds) {
-            return Err("star: seconds must be 0.1..=600".into());
+        // The emulated peers never rekey: past REJECT_AFTER_TIME (180 s) from their
+        // handshakes their sessions are gone, and a longer phase would measure a
+        // gateway whose peers all vanished.
+        if !(0.1..=MAX_PHASE_S).contains(&self.seconds) {
+            return Err(format!(
+                "star: seconds must be 0.1..={MAX_PHASE_S} (the emulated peers do not rekey, \
+                 and their sessions end 180 s after the handshakes)"
+            )
+            .into());
         }
         if self
             .offered_pps
@@ -170,7 +193,10 @@ impl StarSpec {
         if self.sample_every == 0 {
             return Err("star: sample_every must be at least 1".into());
         }
-        Ok(())
+        if self.storm_peers > 0 && self.shared_source {
+            return Err("star: a storm during the phase needs a source address per peer".into());
+        }
+        storm::check(self.peers, self.storm_peers)
     }
 
     /// Packets each peer sends in a receive run, within the cap on sealed memory.
@@ -263,6 +289,9 @@ pub struct StarRecord {
     /// wirelane's execution-order signatures and queue figures over the phase.
     #[serde(default)]
     pub signatures: Option<crate::signatures::Signatures>,
+    /// The storm during the phase, if the spec asked for one.
+    #[serde(default)]
+    pub storm_during: Option<HandshakeReport>,
 }
 
 /// The AEAD's open-only cost on this thread, seconds per GB of `size`-byte packets:
@@ -350,10 +379,18 @@ fn measure(which: Impl, spec: &StarSpec, rec: &mut StarRecord) -> Result<()> {
     let mut private = [0u8; 32];
     rand_core::RngCore::fill_bytes(&mut rand_core::OsRng, &mut private);
     let gateway_key = wirelane_proto::LocalIdentity::new(private);
-    let peers: Vec<EmulatedPeer> = (0..spec.peers)
+    let mut peers: Vec<EmulatedPeer> = (0..spec.peers + spec.storm_peers)
         .map(|i| EmulatedPeer::new(i, &gateway_key.public))
         .collect();
     configure_gateway(&gw, &tun, &private, &peers)?;
+    // Both generators' sockets, before either binds any.
+    generator::ensure_descriptors(spec.peers + spec.storm_peers)?;
+    let storm = (spec.storm_peers > 0).then(|| {
+        let storm_peers = peers.split_off(spec.peers);
+        let limit =
+            Duration::from_secs(30) + Duration::from_secs_f64(spec.storm_peers as f64 / 500.0);
+        storm::spawn(&gen.name, spec.peers, storm_peers, limit)
+    });
 
     // The sink (receive) listens before any traffic.
     let t0: Arc<OnceLock<Instant>> = Arc::default();
@@ -394,7 +431,8 @@ fn measure(which: Impl, spec: &StarSpec, rec: &mut StarRecord) -> Result<()> {
     let gen_stop = stop.clone();
     let generator = crate::workload::in_ns(&gen.name, move || -> Result<GeneratorOutcome> {
         let gateway = SocketAddr::new(IpAddr::V4(GATEWAY_OUTER), GATEWAY_PORT);
-        let source = (!gen_spec.shared_source).then_some(peer_source as fn(usize) -> Ipv4Addr);
+        let source =
+            (!gen_spec.shared_source).then_some(&peer_source as &dyn Fn(usize) -> Ipv4Addr);
         let mut g = Generator::new(peers, gateway, source)?;
         let limit =
             Duration::from_secs(30) + Duration::from_secs_f64(gen_spec.peers as f64 / 500.0);
@@ -466,6 +504,9 @@ fn measure(which: Impl, spec: &StarSpec, rec: &mut StarRecord) -> Result<()> {
     let start = Instant::now() + Duration::from_millis(20);
     let _ = t0.set(start);
     let _ = go_tx.send(Some(start));
+    if let Some((_, go)) = &storm {
+        let _ = go.send(Some(start));
+    }
 
     let mut inner_sent = None;
     if spec.way == Way::Tx {
@@ -479,6 +520,9 @@ fn measure(which: Impl, spec: &StarSpec, rec: &mut StarRecord) -> Result<()> {
     }
     let outcome = crate::workload::join(generator)?;
     stop.store(true, Ordering::Release);
+    if let Some((h, _)) = storm {
+        rec.storm_during = crate::workload::join(h)?;
+    }
     let sunk = match sink {
         Some((h, _)) => Some(crate::workload::join(h)?),
         None => None,

@@ -108,6 +108,7 @@ pub fn table(records: &[StarRecord], cpu: &str) -> String {
             fmt(m(&|r| r.delay_p99_us.map(|d| d / 1e3)), 2),
             fmt(m(&|r| r.peak_rss_kib.map(|k| k as f64 / 1024.0)), 0),
             fmt(m(&|r| r.handshake.to_all_s), 2),
+            fmt(m(&|r| r.storm_during.as_ref().and_then(|s| s.to_all_s)), 2),
             fmt(m(&|r| Some(r.generator_cores)), 2),
             fmt(m(&|r| crate::cpu::spread(&r.core_busy)), 2),
         ]);
@@ -130,6 +131,7 @@ pub fn table(records: &[StarRecord], cpu: &str) -> String {
             "delay p99 ms",
             "peak RSS MiB",
             "all handshakes s",
+            "storm during: all s",
             "generator cores",
             "core spread",
         ],
@@ -177,6 +179,10 @@ pub struct StarArgs {
     /// gateway's per-source handshake rate limit then applies to them together.
     #[arg(long)]
     pub shared_source: bool,
+    /// Also configure this many peers that all initiate at once when the timed phase
+    /// starts (a handshake storm during the traffic of the N); 0: none.
+    #[arg(long, default_value_t = 0)]
+    pub storm_peers: usize,
     /// Output directory (default: lab-results/star-<timestamp>).
     #[arg(long)]
     pub out: Option<std::path::PathBuf>,
@@ -211,6 +217,7 @@ pub fn run_cli(a: &StarArgs) -> Result<()> {
                 sealed_max_mib: a.sealed_max_mib,
                 shared_source: a.shared_source,
                 sample_every: 64,
+                storm_peers: a.storm_peers,
             };
             spec.validate()?;
             spec.per_peer()?;
