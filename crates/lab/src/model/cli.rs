@@ -218,13 +218,25 @@ fn fixed(v: &[f64], digits: usize) -> String {
         .join(" ")
 }
 
+/// The star runs in `dirs`, in order; a later directory's runs of a cell (model,
+/// workers, N, direction, size) replace an earlier one's, so a cell measured again
+/// after a change to the daemon needs no copy of the rest.
 fn load_observations(dirs: &[PathBuf]) -> Result<(Vec<Observation>, String)> {
-    let sets = crate::report::load_sets(dirs)?;
-    let records: Vec<_> = sets.into_values().flatten().collect();
-    let cpu = records
-        .first()
-        .map_or_else(String::new, |r| r.env.cpu_model.clone());
-    let obs = calibrate::observations(&records);
+    let mut obs: Vec<Observation> = Vec::new();
+    let mut cpu = String::new();
+    for dir in dirs {
+        let sets = crate::report::load_sets(std::slice::from_ref(dir))?;
+        let records: Vec<_> = sets.into_values().flatten().collect();
+        if cpu.is_empty() {
+            cpu = records
+                .first()
+                .map_or_else(String::new, |r| r.env.cpu_model.clone());
+        }
+        let newer = calibrate::observations(&records);
+        let cell = |o: &Observation| (o.model, o.workers, o.peers, o.direction, o.size);
+        obs.retain(|o| !newer.iter().any(|n| cell(n) == cell(o)));
+        obs.extend(newer);
+    }
     if obs.is_empty() {
         return Err("no wirelane star runs with signatures in these results".into());
     }
