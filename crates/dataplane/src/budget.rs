@@ -10,8 +10,12 @@
 //! queue fills.
 //!
 //! Invariant: `used` is the sum of the packets queued in every queue holding this
-//! budget. It changes only inside `OrderedQueue`, under the queue's own lock and
-//! together with the queue's count, so each queue's share is exactly what it holds.
+//! budget. It changes only under the lock of the queue whose count changes, together
+//! with that count (`OrderedQueue`; `fq_codel::FqGuard` when the flow queues' lock is
+//! released; `Peer::stage` and `take_staged`), and a queue that goes gives its share
+//! back, so each queue's share is exactly what it holds. A check and the add that
+//! follows are not one step: producers of different queues racing past the check may
+//! exceed the limit by a packet or a batch each, which bounds the excess.
 //! Waiting for room polls instead of waiting on a condition variable: only an I/O
 //! reader ever waits, and only while the whole interface is overloaded, so a short
 //! sleep costs nothing that matters, while a wake-up on every dequeue of every peer
@@ -43,7 +47,7 @@ pub const STAGED_BUDGET_PACKETS: usize = 4096;
 /// How often a reader waiting for room looks again.
 pub const POLL: Duration = Duration::from_micros(200);
 
-/// An interface's two budgets, one per direction.
+/// An interface's shared bounds: one per direction, and one for staged packets.
 #[derive(Debug)]
 pub struct Budgets {
     pub rx: Arc<QueueBudget>,
