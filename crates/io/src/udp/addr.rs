@@ -24,7 +24,7 @@ pub const NOT_ECT: u8 = 0;
 /// Appends the outer header's ECN field (`IP_TOS` / `IPV6_TCLASS`, the DSCP left 0) at
 /// `at` in `control` unless it is Not-ECT, the socket's default; returns the new end.
 /// Put before the source: a send that drops a refused source keeps it.
-pub(super) fn put_ecn(control: &mut SendControl, at: usize, v6: bool, ecn: u8) -> usize {
+fn put_ecn(control: &mut SendControl, at: usize, v6: bool, ecn: u8) -> usize {
     if ecn & 0b11 == NOT_ECT {
         return at;
     }
@@ -36,10 +36,47 @@ pub(super) fn put_ecn(control: &mut SendControl, at: usize, v6: bool, ecn: u8) -
     put_cmsg(bytemuck_u64(control), at, level, kind, &value.to_ne_bytes())
 }
 
+/// Appends the outer ECN field and then the source (when it is of the socket's family)
+/// at `at` in `control`, and points `h` at the control data if there is any. Returns
+/// where the source begins: the length that stays when it is dropped
+/// ([`drop_source`]).
+pub(super) fn put_outer(
+    h: &mut libc::msghdr,
+    control: &mut SendControl,
+    at: usize,
+    v6: bool,
+    ecn: u8,
+    src: Option<LocalAddr>,
+) -> usize {
+    let keep = put_ecn(control, at, v6, ecn);
+    let end = match src.filter(|s| s.ip.is_ipv6() == v6) {
+        Some(src) => put_source(control, keep, &src),
+        None => keep,
+    };
+    if end > 0 {
+        h.msg_control = control.as_mut_ptr().cast();
+        h.msg_controllen = end as _;
+    }
+    keep
+}
+
+/// Drops the source from `h`'s control data, keeping the first `keep` bytes (see
+/// [`put_outer`]); false if it had none to drop.
+pub(super) fn drop_source(h: &mut libc::msghdr, keep: usize) -> bool {
+    if h.msg_controllen <= keep as _ {
+        return false;
+    }
+    h.msg_controllen = keep as _;
+    if keep == 0 {
+        h.msg_control = std::ptr::null_mut();
+    }
+    true
+}
+
 /// Appends a source-address control message for `src` at `at` in `control`; returns
 /// the new end. The interface is left to the route lookup (0): a source only picks the
 /// address, so a route that changed still decides where the datagram leaves.
-pub(super) fn put_source(control: &mut SendControl, at: usize, src: &LocalAddr) -> usize {
+fn put_source(control: &mut SendControl, at: usize, src: &LocalAddr) -> usize {
     let buf: &mut [u8] = bytemuck_u64(control);
     let (level, kind, data): (libc::c_int, libc::c_int, Vec<u8>) = match src.ip {
         IpAddr::V4(a) => {

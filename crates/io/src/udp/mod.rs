@@ -306,7 +306,7 @@ impl UdpSocket {
         let mut iovs: Vec<libc::iovec> = vec![unsafe { zeroed() }; msgs.len()];
         let mut hdrs: Vec<libc::mmsghdr> = vec![unsafe { zeroed() }; msgs.len()];
         // The control data every datagram keeps when its source is refused: the ECN.
-        let mut ecn_only = 0;
+        let mut keep = 0;
         for (i, (payload, _, src)) in msgs.iter().enumerate() {
             iovs[i] = libc::iovec {
                 iov_base: payload.as_ptr() as *mut _,
@@ -317,15 +317,7 @@ impl UdpSocket {
             h.msg_namelen = names[i].1;
             h.msg_iov = &mut iovs[i];
             h.msg_iovlen = 1;
-            ecn_only = put_ecn(&mut controls[i], 0, self.v6, ecn);
-            let mut end = ecn_only;
-            if let Some(src) = src.filter(|s| s.ip.is_ipv6() == self.v6) {
-                end = put_source(&mut controls[i], end, &src);
-            }
-            if end > 0 {
-                h.msg_controllen = end as _;
-                h.msg_control = controls[i].as_mut_ptr().cast();
-            }
+            keep = put_outer(h, &mut controls[i], 0, self.v6, ecn, *src);
         }
         let flags = if wait_for_room { 0 } else { libc::MSG_DONTWAIT };
         while next < msgs.len() {
@@ -349,15 +341,7 @@ impl UdpSocket {
                 // The source address is no longer ours (it was just removed): send it
                 // from the route's choice instead. The owner of the source learns of the
                 // removal from rtnetlink and stops asking for it.
-                Err(e)
-                    if source_refused(&e) && hdrs[next].msg_hdr.msg_controllen > ecn_only as _ =>
-                {
-                    let h = &mut hdrs[next].msg_hdr;
-                    h.msg_controllen = ecn_only as _;
-                    if ecn_only == 0 {
-                        h.msg_control = std::ptr::null_mut();
-                    }
-                }
+                Err(e) if source_refused(&e) && drop_source(&mut hdrs[next].msg_hdr, keep) => {}
                 // An unreachable destination fails only its own datagram: skip it.
                 Err(_) if next + 1 < msgs.len() => next += 1,
                 Err(e) => return if accepted > 0 { Ok(accepted) } else { Err(e) },
@@ -435,20 +419,13 @@ impl UdpSocket {
             libc::UDP_SEGMENT,
             &segment.to_ne_bytes(),
         );
-        // What stays when a refused source is dropped.
-        let segment_only = put_ecn(&mut control, segment, self.v6, ecn);
-        let mut with_source = segment_only;
-        if let Some(src) = src.filter(|s| s.ip.is_ipv6() == self.v6) {
-            with_source = put_source(&mut control, segment_only, &src);
-        }
         // SAFETY: zeroed msghdr is valid; every pointer set below refers to live locals.
         let mut msg: libc::msghdr = unsafe { zeroed() };
         msg.msg_name = &ss as *const _ as *mut _;
         msg.msg_namelen = len;
         msg.msg_iov = iovs.as_mut_ptr();
         msg.msg_iovlen = dgrams.len() as _;
-        msg.msg_control = control.as_mut_ptr().cast();
-        msg.msg_controllen = with_source as _;
+        let keep = put_outer(&mut msg, &mut control, segment, self.v6, ecn, src);
         loop {
             // SAFETY: msg and everything it points to are valid for the call.
             let r = unsafe { libc::sendmsg(self.fd(), &msg, 0) };
@@ -461,9 +438,7 @@ impl UdpSocket {
                 Some(libc::EAGAIN) => self.wait_writable(),
                 // With a source, EINVAL first means the source is no longer ours (see
                 // send_mmsg): try again from the route's choice before blaming GSO.
-                _ if source_refused(&e) && msg.msg_controllen as usize > segment_only => {
-                    msg.msg_controllen = segment_only as _;
-                }
+                _ if source_refused(&e) && drop_source(&mut msg, keep) => {}
                 // No offload on this path or kernel: remember and let the caller fall back.
                 Some(libc::EIO)
                 | Some(libc::EINVAL)
@@ -503,15 +478,7 @@ impl UdpSocket {
         msg.msg_namelen = len;
         msg.msg_iov = &mut iov;
         msg.msg_iovlen = 1;
-        let ecn_only = put_ecn(&mut control, 0, self.v6, ecn);
-        let mut end = ecn_only;
-        if let Some(src) = src.filter(|s| s.ip.is_ipv6() == self.v6) {
-            end = put_source(&mut control, end, &src);
-        }
-        if end > 0 {
-            msg.msg_controllen = end as _;
-            msg.msg_control = control.as_mut_ptr().cast();
-        }
+        let keep = put_outer(&mut msg, &mut control, 0, self.v6, ecn, src);
         loop {
             // SAFETY: msg and everything it points to are valid for the call.
             let r = unsafe { libc::sendmsg(self.fd(), &msg, 0) };
@@ -522,12 +489,7 @@ impl UdpSocket {
             match e.raw_os_error() {
                 Some(libc::EINTR) => continue,
                 // The source is no longer ours (see send_mmsg).
-                _ if source_refused(&e) && msg.msg_controllen > ecn_only as _ => {
-                    msg.msg_controllen = ecn_only as _;
-                    if ecn_only == 0 {
-                        msg.msg_control = std::ptr::null_mut();
-                    }
-                }
+                _ if source_refused(&e) && drop_source(&mut msg, keep) => {}
                 _ => return Err(e),
             }
         }
