@@ -125,9 +125,12 @@ impl Interface {
         let _serial = self.apply_lock.lock().unwrap_or_else(|p| p.into_inner());
         // Step 1, the fallible ones. The peer limit: a table that would outgrow it
         // (the memory the daemon may use, or the kernel's bound) is refused whole.
-        let wanted = peers_after(&self.table(), update);
+        let (wanted, held) = {
+            let table = self.table();
+            (peers_after(&table, update), table.by_key.len())
+        };
         let limit = self.max_peers();
-        if wanted > limit && wanted > self.table().by_key.len() {
+        if wanted > limit && wanted > held {
             return Err(ApplyError::TooManyPeers { wanted, limit });
         }
         // New sockets if the port changes. Port 0 keeps an

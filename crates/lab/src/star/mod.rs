@@ -41,6 +41,11 @@ pub const DEFAULT_SEALED_MAX_MIB: usize = 4096;
 const GATEWAY_OUTER: Ipv4Addr = Ipv4Addr::new(192, 168, 90, 1);
 const GENERATOR_OUTER: &str = "192.168.90.2/24";
 const GATEWAY_PORT: u16 = 51820;
+
+/// The gateway's outer address, as the generators send to it.
+fn gateway_addr() -> SocketAddr {
+    SocketAddr::new(IpAddr::V4(GATEWAY_OUTER), GATEWAY_PORT)
+}
 /// The peers' own outer addresses: routed to the generator, which takes the whole
 /// prefix as local (an AnyIP route) so each peer's socket can bind its own.
 const PEER_SOURCES: &str = "172.16.0.0/16";
@@ -430,7 +435,7 @@ fn measure(which: Impl, spec: &StarSpec, rec: &mut StarRecord) -> Result<()> {
     let gen_spec = spec.clone();
     let gen_stop = stop.clone();
     let generator = crate::workload::in_ns(&gen.name, move || -> Result<GeneratorOutcome> {
-        let gateway = SocketAddr::new(IpAddr::V4(GATEWAY_OUTER), GATEWAY_PORT);
+        let gateway = gateway_addr();
         let source =
             (!gen_spec.shared_source).then_some(&peer_source as &dyn Fn(usize) -> Ipv4Addr);
         let mut g = Generator::new(peers, gateway, source)?;

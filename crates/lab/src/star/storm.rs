@@ -12,7 +12,6 @@
 use super::emulated::EmulatedPeer;
 use super::generator::{Generator, HandshakeReport, MAX_PEERS};
 use crate::Result;
-use std::net::{IpAddr, SocketAddr};
 use std::sync::mpsc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -32,7 +31,7 @@ pub fn spawn(
     let (go_tx, go_rx) = mpsc::channel::<Option<Instant>>();
     let h = crate::workload::in_ns(ns, move || -> Result<Option<HandshakeReport>> {
         let source = move |i: usize| super::peer_source(established + i);
-        let mut g = Generator::new(peers, gateway_addr(), Some(&source))?;
+        let mut g = Generator::new(peers, super::gateway_addr(), Some(&source))?;
         let Some(t0) = go_rx.recv().ok().flatten() else {
             return Ok(None);
         };
@@ -51,9 +50,4 @@ pub fn check(established: usize, storm: usize) -> Result<()> {
         .into());
     }
     Ok(())
-}
-
-/// The gateway's address as the generators see it.
-pub fn gateway_addr() -> SocketAddr {
-    SocketAddr::new(IpAddr::V4(super::GATEWAY_OUTER), super::GATEWAY_PORT)
 }
