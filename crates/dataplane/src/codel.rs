@@ -97,6 +97,17 @@ impl Codel {
         self.dropping = false;
     }
 
+    /// Whether this controller, its queue empty, now and from now on acts as a fresh
+    /// one would: all an idle controller remembers is the drop count to resume from
+    /// (RFC 8289 §5.4), and that lapses 16 intervals after its last drop time or when
+    /// the last episode dropped too little to resume from.
+    pub fn forgettable(&self, p: &CodelParams, now: u64) -> bool {
+        !self.dropping
+            && self.first_above == 0
+            && (self.count.saturating_sub(self.last_count) <= 1
+                || now.saturating_sub(self.drop_next) >= 16 * p.interval)
+    }
+
     /// Whether the controller is in its dropping state.
     pub fn dropping(&self) -> bool {
         self.dropping

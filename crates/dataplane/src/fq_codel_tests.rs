@@ -285,3 +285,50 @@ fn the_budget_follows_what_the_flow_queues_hold() {
     drop(a);
     assert_eq!(budget.used(), 0);
 }
+
+/// A peer's flow state lives only while it is needed: the buckets go when the last
+/// packet leaves, but a bucket whose controller just ended a dropping episode stays,
+/// without its packets, until that memory lapses (16 intervals on), so a flow that
+/// comes back at once resumes near its old drop rate (RFC 8289 §5.4).
+#[test]
+fn idle_buckets_are_released_once_their_controllers_have_nothing_to_remember() {
+    let params = CodelParams::RFC;
+    let mut q: FlowQueues<P> = FlowQueues::default();
+    let mut v = Verdicts::default();
+    for s in 0..3 {
+        q.enqueue(s, p(s, 0, false), 0);
+    }
+    assert_eq!(q.buckets_held(), 3);
+    for _ in 0..3 {
+        assert!(q.dequeue(&params, MS, &mut v).is_some());
+    }
+    assert_eq!(q.buckets_held(), 0, "nothing queued and nothing remembered");
+
+    // A standing queue until CoDel has dropped several times, then a drain.
+    let (drops, _) = standing(&mut q, &params, 40, MS, 0, 600 * MS, false);
+    assert!(drops.dropped >= 3, "{drops:?}");
+    let mut now = 600 * MS;
+    while !q.is_empty() {
+        now += MS / 10;
+        q.dequeue(&params, now, &mut v);
+    }
+    assert_eq!(q.buckets_held(), 1, "the dropping episode is remembered");
+
+    // Back at once, still above target: the first drop comes after one interval, and
+    // the second at the resumed rate, sooner than a fresh controller's interval.
+    let back = now + MS;
+    let (_, events) = standing(&mut q, &params, 40, MS, back, back + 300 * MS, false);
+    assert!(events.len() >= 2, "{events:?}");
+    assert!(events[1] - events[0] < params.interval / 2, "{events:?}");
+    while !q.is_empty() {
+        now = back + 300 * MS;
+        q.dequeue(&params, now, &mut v);
+    }
+
+    // Refilled and drained once more after the memory lapsed: all released.
+    let later = now + 17 * params.interval;
+    q.enqueue(1, p(1, 0, false), later);
+    assert!(q.dequeue(&params, later, &mut v).is_some());
+    assert_eq!(q.buckets_held(), 0);
+    assert_eq!(q.len(), 0);
+}
