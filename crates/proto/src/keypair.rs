@@ -3,11 +3,12 @@
 //!
 //! Concurrency: a keypair is shared (`Arc`) between the serial stages and the parallel
 //! crypt workers. Sealing and opening take `&self` and never lock, so any number of
-//! workers can encrypt one peer's packets at once. Counters are reserved with one atomic
+//! workers can encrypt one peer's packets at once (each through its own [`Sealer`] or
+//! [`Opener`], the key prepared once per batch). Counters are reserved with one atomic
 //! add per batch. The replay window sits behind its own mutex, which only the peer's
 //! ordered receive stage takes, after decryption.
 
-use crate::crypto::{AeadError, AeadKey, TAG_LEN};
+use crate::crypto::{AeadError, AeadKey, KEY_LEN, TAG_LEN};
 use crate::handshake::SessionKeys;
 use crate::messages::{TransportHeader, TRANSPORT_HEADER_LEN};
 use crate::replay::ReplayWindow;
@@ -21,8 +22,13 @@ pub const REKEY_AFTER_TIME: Duration = Duration::from_secs(120);
 pub const REJECT_AFTER_TIME: Duration = Duration::from_secs(180);
 
 pub struct Keypair {
-    send: AeadKey,
-    recv: AeadKey,
+    /// The raw keys, not the AEAD library's prepared ones: a prepared key takes 544
+    /// bytes (sized for AES-GCM's key schedule) where ChaCha20-Poly1305 needs these 32,
+    /// and a gateway holds up to three keypairs per peer, 10 MiB apart at 10,000 peers.
+    /// Preparing one is a copy, done per batch by [`Keypair::sealer`] and
+    /// [`Keypair::opener`].
+    send: [u8; KEY_LEN],
+    recv: [u8; KEY_LEN],
     send_counter: AtomicU64,
     /// Cleared when the keypair is expired early (key change, peer removal).
     send_valid: AtomicBool,
@@ -36,8 +42,8 @@ pub struct Keypair {
 impl Keypair {
     pub fn new(keys: &SessionKeys, created: Duration) -> Self {
         Keypair {
-            send: AeadKey::new(&keys.send),
-            recv: AeadKey::new(&keys.recv),
+            send: keys.send,
+            recv: keys.recv,
             send_counter: AtomicU64::new(0),
             send_valid: AtomicBool::new(true),
             local_index: keys.local_index,
@@ -88,24 +94,27 @@ impl Keypair {
                 || (self.is_initiator && now.saturating_sub(self.created) >= REKEY_AFTER_TIME))
     }
 
-    /// Encrypts a transport message in place. `msg` holds the 16-byte header room, the
-    /// padded plaintext, and `TAG_LEN` bytes of tail room.
-    pub fn seal(&self, counter: u64, msg: &mut [u8]) {
-        TransportHeader {
+    /// The send key prepared, for sealing many messages.
+    pub fn sealer(&self) -> Sealer {
+        Sealer {
+            key: AeadKey::new(&self.send),
             receiver: self.remote_index,
-            counter,
         }
-        .write(msg);
-        self.send
-            .seal_in_place(counter, &[], &mut msg[TRANSPORT_HEADER_LEN..]);
     }
 
-    /// Decrypts a transport message in place; returns the plaintext length, which starts
-    /// at `TRANSPORT_HEADER_LEN`.
+    /// The receive key prepared, for opening many messages.
+    pub fn opener(&self) -> Opener {
+        Opener(AeadKey::new(&self.recv))
+    }
+
+    /// Seals one message (see [`Sealer::seal`]); for many, take a [`Sealer`].
+    pub fn seal(&self, counter: u64, msg: &mut [u8]) {
+        self.sealer().seal(counter, msg)
+    }
+
+    /// Opens one message (see [`Opener::open`]); for many, take an [`Opener`].
     pub fn open(&self, counter: u64, msg: &mut [u8]) -> Result<usize, AeadError> {
-        self.recv
-            .open_in_place(counter, &[], &mut msg[TRANSPORT_HEADER_LEN..])?;
-        Ok(msg.len() - TRANSPORT_HEADER_LEN - TAG_LEN)
+        self.opener().open(counter, msg)
     }
 
     /// Replay check, after successful decryption (ordered stage only).
@@ -114,6 +123,39 @@ impl Keypair {
             .lock()
             .expect("replay window lock poisoned")
             .accept(counter)
+    }
+}
+
+/// A keypair's send key, prepared: seals transport messages to its peer.
+pub struct Sealer {
+    key: AeadKey,
+    receiver: u32,
+}
+
+impl Sealer {
+    /// Encrypts a transport message in place. `msg` holds the 16-byte header room, the
+    /// padded plaintext, and `TAG_LEN` bytes of tail room.
+    pub fn seal(&self, counter: u64, msg: &mut [u8]) {
+        TransportHeader {
+            receiver: self.receiver,
+            counter,
+        }
+        .write(msg);
+        self.key
+            .seal_in_place(counter, &[], &mut msg[TRANSPORT_HEADER_LEN..]);
+    }
+}
+
+/// A keypair's receive key, prepared: opens transport messages from its peer.
+pub struct Opener(AeadKey);
+
+impl Opener {
+    /// Decrypts a transport message in place; returns the plaintext length, which starts
+    /// at `TRANSPORT_HEADER_LEN`.
+    pub fn open(&self, counter: u64, msg: &mut [u8]) -> Result<usize, AeadError> {
+        self.0
+            .open_in_place(counter, &[], &mut msg[TRANSPORT_HEADER_LEN..])?;
+        Ok(msg.len() - TRANSPORT_HEADER_LEN - TAG_LEN)
     }
 }
 

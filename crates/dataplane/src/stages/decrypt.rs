@@ -25,9 +25,10 @@ pub fn decrypt(c: StageCtx<'_>, peer: &Arc<Peer>, batch: Arc<Batch>) {
 /// authentication is flagged, not removed: the ordered stage counts it.
 pub fn open_batch(batch: &Batch) {
     {
+        let opener = batch.keypair.opener();
         let mut body = batch.body();
         for p in body.packets.iter_mut() {
-            match batch.keypair.open(p.counter, &mut p.buf[..p.len]) {
+            match opener.open(p.counter, &mut p.buf[..p.len]) {
                 Ok(plain_len) => {
                     p.len = plain_len;
                     p.ok = true;

@@ -30,6 +30,7 @@ pub fn encrypt(c: StageCtx<'_>, peer: &Arc<Peer>, batch: Arc<Batch>) {
 /// Afterwards each packet holds its transport message at `buf[..len]`.
 pub fn seal_batch(batch: &Batch, mtu: usize) {
     {
+        let sealer = batch.keypair.sealer();
         let mut body = batch.body();
         for p in body.packets.iter_mut() {
             let mtu = match p.route_mtu {
@@ -44,7 +45,7 @@ pub fn seal_batch(batch: &Batch, mtu: usize) {
             }
             // Pooled buffers hold stale bytes: the padding must be zeroed here.
             p.buf[HEADROOM + p.len..HEADROOM + padded].fill(0);
-            batch.keypair.seal(p.counter, &mut p.buf[..end]);
+            sealer.seal(p.counter, &mut p.buf[..end]);
             p.len = end;
             p.ok = true;
         }

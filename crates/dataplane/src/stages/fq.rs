@@ -78,7 +78,10 @@ pub fn pump(c: StageCtx<'_>, peer: &Arc<Peer>) {
                 }
                 let now = c.iface.now().as_nanos() as u64;
                 let want = room.min(MAX_BATCH);
-                let mut chunk = Vec::with_capacity(want);
+                // Sized to what is queued, not to a full batch: at thousands of peers
+                // most chunks hold a packet or two and wait in the ordered queue, and
+                // 64 slots each (7 KiB) came to tens of MiB under the budget.
+                let mut chunk = Vec::with_capacity(want.min(q.len()));
                 while chunk.len() < want {
                     match q.dequeue(&c.iface.codel, now, &mut v) {
                         Some(p) => chunk.push(p),

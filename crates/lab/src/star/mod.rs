@@ -311,8 +311,8 @@ pub fn aead_floor(size: usize) -> f64 {
         remote_index: 2,
         is_initiator: true,
     };
-    let sealer = Keypair::new(&keys([7; 32], [9; 32]), Duration::ZERO);
-    let opener = Keypair::new(&keys([9; 32], [7; 32]), Duration::ZERO);
+    let sealer = Keypair::new(&keys([7; 32], [9; 32]), Duration::ZERO).sealer();
+    let opener = Keypair::new(&keys([9; 32], [7; 32]), Duration::ZERO).opener();
     let len = generator::message_len(size);
     const MESSAGES: usize = 256;
     let mut sealed = vec![0u8; MESSAGES * len];
