@@ -175,8 +175,7 @@ impl<T: Queued> FlowQueues<T> {
         self.len() == 0
     }
 
-    /// Buckets with state (queued packets or a controller's memory), for tests and
-    /// memory accounting.
+    /// Buckets with state: queued packets or a controller's memory.
     pub fn buckets_held(&self) -> usize {
         self.table.as_ref().map_or(0, |t| t.flows.len())
     }
