@@ -178,9 +178,13 @@ fn read_head(mut stream: &TcpStream, buf: &mut Vec<u8>) -> io::Result<Option<usi
         }
         stream.set_read_timeout(Some(left))?;
         let want = chunk.len().min(MAX_HEAD - buf.len());
-        match stream.read(&mut chunk[..want])? {
-            0 => return Err(io::ErrorKind::UnexpectedEof.into()),
-            n => buf.extend_from_slice(&chunk[..n]),
+        // A signal landing on this thread ends a read that has a timeout with EINTR
+        // even under SA_RESTART; that is no reason to drop the client.
+        match stream.read(&mut chunk[..want]) {
+            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
         }
     }
 }
