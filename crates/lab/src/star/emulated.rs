@@ -11,7 +11,7 @@ use wirelane_proto::handshake::{Handshake, LocalIdentity};
 use wirelane_proto::messages::{
     classify, CookieReply, Kind, Response, TransportHeader, TRANSPORT_HEADER_LEN,
 };
-use wirelane_proto::Keypair;
+use wirelane_proto::{Keypair, Sealer};
 
 /// The initiator retries an unanswered initiation after this (whitepaper §6.4).
 pub const REKEY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -140,11 +140,18 @@ impl EmulatedPeer {
     }
 
     /// Seals `msg` in place as message `counter`: `msg` holds the header room, the
-    /// padded plaintext (its padding zero) and the tag room.
+    /// padded plaintext (its padding zero) and the tag room. For many messages, take
+    /// a [`EmulatedPeer::sealer`].
     pub fn seal(&self, counter: u64, msg: &mut [u8]) {
         if let Some(k) = &self.keypair {
             k.seal(counter, msg);
         }
+    }
+
+    /// Our session's send key, prepared once for sealing many messages; None before
+    /// the handshake.
+    pub fn sealer(&self) -> Option<Sealer> {
+        self.keypair.as_ref().map(|k| k.sealer())
     }
 
     /// Opens a transport message of our session in place; the plaintext length.
