@@ -106,6 +106,12 @@ pub enum WorkloadSpec {
         handshake_rate: f64,
         #[serde(default)]
         shared_source: bool,
+        /// Inner address families: "ipv4", "ipv6" or "dual".
+        #[serde(default)]
+        family: crate::star::inner::Family,
+        /// Receive direction's sink: "socket" (checks every packet) or "blackhole".
+        #[serde(default)]
+        sink: crate::star::sink::SinkKind,
     },
 }
 
@@ -183,6 +189,10 @@ pub enum Cell {
         size: usize,
         handshake_rate: f64,
         shared_source: bool,
+        #[serde(default)]
+        family: crate::star::inner::Family,
+        #[serde(default)]
+        sink: crate::star::sink::SinkKind,
     },
 }
 
@@ -196,6 +206,8 @@ impl Cell {
             size,
             handshake_rate,
             shared_source,
+            family,
+            sink,
         } = *self
         else {
             return None;
@@ -211,6 +223,8 @@ impl Cell {
             shared_source,
             sample_every: 64,
             storm_peers: 0,
+            family,
+            sink,
         })
     }
 
@@ -322,6 +336,8 @@ impl Cell {
                 size,
                 handshake_rate,
                 shared_source,
+                family,
+                sink,
             } => {
                 let load = offered_gbit.map_or("unlimited".into(), |g| format!("{g}Gbit/s"));
                 let mut id = format!("star:{peers} {way} {load}");
@@ -333,6 +349,12 @@ impl Cell {
                 }
                 if *shared_source {
                     id.push_str(" one-source");
+                }
+                if *family != crate::star::inner::Family::Ipv4 {
+                    id.push_str(&format!(" {family}"));
+                }
+                if *sink != crate::star::sink::SinkKind::Socket {
+                    id.push_str(&format!(" {sink}-sink"));
                 }
                 id
             }
@@ -447,6 +469,8 @@ impl Matrix {
                     size,
                     handshake_rate,
                     shared_source,
+                    family,
+                    sink,
                 } => {
                     if !handshake_rate.is_finite() || *handshake_rate < 0.0 {
                         return Err("matrix: star handshake_rate must be 0 or more".into());
@@ -464,6 +488,8 @@ impl Matrix {
                                     size: *size,
                                     handshake_rate: *handshake_rate,
                                     shared_source: *shared_source,
+                                    family: *family,
+                                    sink: *sink,
                                 });
                             }
                         }
@@ -685,7 +711,28 @@ impairment = { loss = 1.5, delay_ms = 5, jitter_ms = 1 }
         let storm = Matrix::parse(&text("peers = [100]\nhandshake_rate = 0\n")).unwrap();
         assert_eq!(storm.cells[0].id(), "star:100 rx unlimited storm");
         assert_eq!(storm.cells[0].star_spec(3.0).unwrap().handshake_rate, None);
+        let dual = Matrix::parse(&text(
+            "peers = [100]\nfamily = \"dual\"\nsink = \"blackhole\"\n",
+        ))
+        .unwrap();
+        assert_eq!(
+            dual.cells[0].id(),
+            "star:100 rx unlimited dual blackhole-sink"
+        );
+        let spec = dual.cells[0].star_spec(3.0).unwrap();
+        assert_eq!(
+            (spec.family, spec.sink),
+            (
+                crate::star::inner::Family::Dual,
+                crate::star::sink::SinkKind::Blackhole
+            )
+        );
         for (extra, needle) in [
+            ("peers = [10]\nfamily = \"ipv5\"\n", "ipv5"),
+            (
+                "peers = [10]\ndirection = [\"tx\"]\nsink = \"blackhole\"\n",
+                "blackhole",
+            ),
             ("peers = [0]\n", "peers"),
             ("peers = [10]\noffered_gbit = [-1.0]\n", "offered_gbit"),
             ("peers = [10]\nsize = 10\n", "size"),

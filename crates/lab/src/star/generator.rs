@@ -325,8 +325,16 @@ impl Generator {
 
     /// Seals `per_peer` inner packets of `size` bytes for every peer (counters from 1),
     /// scheduled for `total_pps` packets per second in all (None: unlimited), on all
-    /// of this machine's cores.
-    pub fn seal(&self, per_peer: usize, size: usize, total_pps: Option<f64>) -> Sealed {
+    /// of this machine's cores. Each peer sends from its address in `family` to the
+    /// gateway's sink, or to the blackhole.
+    pub fn seal(
+        &self,
+        per_peer: usize,
+        size: usize,
+        total_pps: Option<f64>,
+        family: inner::Family,
+        blackhole: bool,
+    ) -> Sealed {
         let outer_len = message_len(size);
         let max_burst = (GSO_MAX_BYTES / outer_len).clamp(1, GSO_MAX_SEGMENTS);
         let burst = max_burst.min(per_peer.max(1));
@@ -364,8 +372,8 @@ impl Generator {
                                     inner::write_packet(
                                         &mut msg[TRANSPORT_HEADER_LEN..],
                                         size,
-                                        inner::peer_inner(peer),
-                                        inner::GATEWAY_INNER,
+                                        family.peer_addr(peer),
+                                        family.gateway_addr(peer, blackhole),
                                         stamp,
                                     );
                                     if let Some(sealer) = &sealer {
@@ -498,15 +506,10 @@ impl Generator {
 }
 
 /// Opens one message the gateway sent `peer`; the inner sequence number if it carries
-/// an intact packet to this peer's inner address, stamped for this peer.
+/// an intact packet to this peer's inner address (of either family), stamped for
+/// this peer.
 fn the_peers_packet(g: &Generator, peer: usize, counter: u64, msg: &mut [u8]) -> Option<u64> {
     let len = g.peers[peer].open(counter, msg)?;
-    let ip = &msg[TRANSPORT_HEADER_LEN..TRANSPORT_HEADER_LEN + len];
-    if ip.len() < inner::IPV4_HEADER + inner::UDP_HEADER || ip[0] != 0x45 {
-        return None;
-    }
-    let total = usize::from(u16::from_be_bytes([ip[2], ip[3]])).min(ip.len());
-    let dst = std::net::Ipv4Addr::new(ip[16], ip[17], ip[18], ip[19]);
-    let stamp = inner::read_payload(ip.get(inner::IPV4_HEADER + inner::UDP_HEADER..total)?)?;
-    (dst == inner::peer_inner(peer) && stamp.peer as usize == peer).then_some(stamp.seq)
+    let (dst, stamp) = inner::read_packet(&msg[TRANSPORT_HEADER_LEN..TRANSPORT_HEADER_LEN + len])?;
+    (inner::peer_of(dst) == Some(peer) && stamp.peer as usize == peer).then_some(stamp.seq)
 }

@@ -17,6 +17,7 @@ pub mod generator;
 pub mod inner;
 pub mod report;
 pub mod sink;
+pub mod spec;
 pub mod storm;
 
 use crate::cpu;
@@ -27,16 +28,11 @@ use emulated::EmulatedPeer;
 use gateway::{configure_gateway, GatewayCounters};
 use generator::{Generator, HandshakeReport};
 use serde::{Deserialize, Serialize};
+pub use spec::{Shape, StarSpec, Way, DEFAULT_SEALED_MAX_MIB, MAX_PHASE_S};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, OnceLock};
 use std::time::{Duration, Instant};
-
-/// The longest timed phase, s: it ends before the sessions do (see `validate`).
-pub const MAX_PHASE_S: f64 = 170.0;
-
-/// The default cap on sealed traffic held in memory, MiB.
-pub const DEFAULT_SEALED_MAX_MIB: usize = 4096;
 
 const GATEWAY_OUTER: Ipv4Addr = Ipv4Addr::new(192, 168, 90, 1);
 const GENERATOR_OUTER: &str = "192.168.90.2/24";
@@ -53,192 +49,6 @@ const PEER_SOURCES: &str = "172.16.0.0/16";
 /// Peer `i`'s outer address when each has its own.
 fn peer_source(i: usize) -> Ipv4Addr {
     Ipv4Addr::from(u32::from(Ipv4Addr::new(172, 16, 0, 0)) + i as u32 + 1)
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Way {
-    /// Peers → gateway: the gateway decrypts.
-    Rx,
-    /// Gateway → peers: the gateway encrypts.
-    Tx,
-}
-
-impl std::str::FromStr for Way {
-    type Err = String;
-    fn from_str(s: &str) -> std::result::Result<Self, String> {
-        match s {
-            "rx" => Ok(Way::Rx),
-            "tx" => Ok(Way::Tx),
-            _ => Err(format!("direction '{s}': rx (peers → gateway) or tx")),
-        }
-    }
-}
-
-impl std::fmt::Display for Way {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Way::Rx => "rx",
-            Way::Tx => "tx",
-        })
-    }
-}
-
-/// One star run's shape.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct StarSpec {
-    pub peers: usize,
-    pub way: Way,
-    /// Inner packet size, bytes (IPv4 header included).
-    pub size: usize,
-    /// Offered load in packets per second over all peers; None: unlimited.
-    pub offered_pps: Option<f64>,
-    /// Length of the timed phase (paced runs; unlimited receive runs send what the cap
-    /// on sealed packets holds).
-    pub seconds: f64,
-    /// Initiations per second during the handshake phase; None: all at once (a storm).
-    pub handshake_rate: Option<f64>,
-    /// Cap on the sealed traffic held in memory, MiB.
-    pub sealed_max_mib: usize,
-    /// All peers behind one outer address (a NAT), instead of one address each.
-    #[serde(default)]
-    pub shared_source: bool,
-    /// Transmit: the generator opens every this-many-th message each peer receives
-    /// (1: all of them, and then checks every sequence number).
-    #[serde(default = "default_sample_every")]
-    pub sample_every: u64,
-    /// Peers configured beside the N that have no session before the phase and all
-    /// initiate when it starts (`storm`); 0: none.
-    #[serde(default)]
-    pub storm_peers: usize,
-}
-
-fn default_sample_every() -> u64 {
-    64
-}
-
-/// What makes runs comparable: direction, N, offered load and whether the
-/// handshakes came as a storm.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Shape {
-    pub way: Way,
-    pub peers: usize,
-    /// Offered packets per second, rounded (None: unlimited).
-    pub offered_pps: Option<u64>,
-    pub storm: bool,
-    /// Peers storming during the phase.
-    pub storm_peers: usize,
-}
-
-impl Shape {
-    /// Table order: direction, then N, load and storm.
-    pub fn order(&self) -> (u8, usize, u64, bool, usize) {
-        (
-            self.way as u8,
-            self.peers,
-            self.offered_pps.unwrap_or(u64::MAX),
-            self.storm,
-            self.storm_peers,
-        )
-    }
-}
-
-impl std::fmt::Display for Shape {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} N={}", self.way, self.peers)?;
-        match self.offered_pps {
-            Some(p) => write!(f, " {p} pps")?,
-            None => f.write_str(" unlimited")?,
-        }
-        if self.storm {
-            f.write_str(" storm")?;
-        }
-        if self.storm_peers > 0 {
-            write!(f, " +{} storming", self.storm_peers)?;
-        }
-        Ok(())
-    }
-}
-
-impl StarSpec {
-    pub fn shape(&self) -> Shape {
-        Shape {
-            way: self.way,
-            peers: self.peers,
-            offered_pps: self.offered_pps.map(|p| p.round() as u64),
-            storm: self.handshake_rate.is_none(),
-            storm_peers: self.storm_peers,
-        }
-    }
-
-    pub fn validate(&self) -> Result<()> {
-        if !(1..=generator::MAX_PEERS).contains(&self.peers) {
-            return Err(format!("star: peers must be 1..={}", generator::MAX_PEERS).into());
-        }
-        let min = inner::IPV4_HEADER + inner::UDP_HEADER + inner::MIN_PAYLOAD;
-        if !(min..=generator::MTU).contains(&self.size) {
-            return Err(format!("star: size must be {min}..={}", generator::MTU).into());
-        }
-        // The emulated peers never rekey: past REJECT_AFTER_TIME (180 s) from their
-        // handshakes their sessions are gone, and a longer phase would measure a
-        // gateway whose peers all vanished.
-        if !(0.1..=MAX_PHASE_S).contains(&self.seconds) {
-            return Err(format!(
-                "star: seconds must be 0.1..={MAX_PHASE_S} (the emulated peers do not rekey, \
-                 and their sessions end 180 s after the handshakes)"
-            )
-            .into());
-        }
-        if self
-            .offered_pps
-            .is_some_and(|r| !(r.is_finite() && r >= 1.0))
-        {
-            return Err("star: the offered rate must be at least 1 packet per second".into());
-        }
-        if self.sample_every == 0 {
-            return Err("star: sample_every must be at least 1".into());
-        }
-        if self.storm_peers > 0 && self.shared_source {
-            return Err("star: a storm during the phase needs a source address per peer".into());
-        }
-        storm::check(self.peers, self.storm_peers)
-    }
-
-    /// Packets each peer sends in a receive run, within the cap on sealed memory.
-    fn per_peer(&self) -> Result<usize> {
-        let outer = generator::message_len(self.size);
-        let cap = self.sealed_max_mib << 20;
-        match self.offered_pps {
-            Some(r) => {
-                let per_peer = (r * self.seconds / self.peers as f64).ceil() as usize;
-                let need = per_peer.max(1) * self.peers * outer;
-                if need > cap {
-                    return Err(format!(
-                        "star: this run needs {} MiB of sealed packets ({} peers × {per_peer} \
-                         packets × {outer} bytes), more than the cap of {} MiB: shorten it, \
-                         lower the rate, or raise --sealed-max-mib",
-                        need >> 20,
-                        self.peers,
-                        self.sealed_max_mib
-                    )
-                    .into());
-                }
-                Ok(per_peer.max(1))
-            }
-            None => {
-                let per_peer = cap / (self.peers * outer);
-                if per_peer == 0 {
-                    return Err(format!(
-                        "star: {} MiB of sealed packets cannot hold one packet per peer for {} \
-                         peers; raise --sealed-max-mib",
-                        self.sealed_max_mib, self.peers
-                    )
-                    .into());
-                }
-                Ok(per_peer)
-            }
-        }
-    }
 }
 
 /// Everything one star run measured.
@@ -387,7 +197,8 @@ fn measure(which: Impl, spec: &StarSpec, rec: &mut StarRecord) -> Result<()> {
     let mut peers: Vec<EmulatedPeer> = (0..spec.peers + spec.storm_peers)
         .map(|i| EmulatedPeer::new(i, &gateway_key.public))
         .collect();
-    configure_gateway(&gw, &tun, &private, &peers)?;
+    let blackhole = spec.sink == sink::SinkKind::Blackhole;
+    configure_gateway(&gw, &tun, &private, &peers, spec.family, blackhole)?;
     // Both generators' sockets, before either binds any.
     generator::ensure_descriptors(spec.peers + spec.storm_peers)?;
     let storm = (spec.storm_peers > 0).then(|| {
@@ -403,22 +214,18 @@ fn measure(which: Impl, spec: &StarSpec, rec: &mut StarRecord) -> Result<()> {
     let limit = Duration::from_secs_f64(spec.seconds) + Duration::from_secs(30);
     let sink = (spec.way == Way::Rx).then(|| {
         let (ready_tx, ready_rx) = mpsc::channel();
-        let (t0, stop, n, paced) = (
+        let (t0, stop, n, paced, family, tun) = (
             t0.clone(),
             stop.clone(),
             spec.peers,
             spec.offered_pps.is_some(),
+            spec.family,
+            tun.clone(),
         );
-        let h = crate::workload::in_ns(&gw.name, move || {
-            sink::sink(
-                n,
-                paced,
-                t0,
-                stop,
-                Duration::from_millis(300),
-                limit,
-                ready_tx,
-            )
+        let quiet = Duration::from_millis(300);
+        let h = crate::workload::in_ns(&gw.name, move || match blackhole {
+            true => sink::count_blackholed(&tun, stop, quiet, limit, ready_tx),
+            false => sink::sink(n, family, paced, t0, stop, quiet, limit, ready_tx),
         });
         (h, ready_rx)
     });
@@ -443,8 +250,15 @@ fn measure(which: Impl, spec: &StarSpec, rec: &mut StarRecord) -> Result<()> {
             Duration::from_secs(30) + Duration::from_secs_f64(gen_spec.peers as f64 / 500.0);
         let hs = g.handshake(gen_spec.handshake_rate, limit)?;
         g.keepalive()?;
-        let sealed = (gen_spec.way == Way::Rx)
-            .then(|| g.seal(per_peer, gen_spec.size, gen_spec.offered_pps));
+        let sealed = (gen_spec.way == Way::Rx).then(|| {
+            g.seal(
+                per_peer,
+                gen_spec.size,
+                gen_spec.offered_pps,
+                gen_spec.family,
+                gen_spec.sink == sink::SinkKind::Blackhole,
+            )
+        });
         let _ = ready_tx.send(hs);
         let Some(t0) = go_rx.recv().ok().flatten() else {
             return Ok(GeneratorOutcome::CalledOff);
@@ -516,9 +330,10 @@ fn measure(which: Impl, spec: &StarSpec, rec: &mut StarRecord) -> Result<()> {
     let mut inner_sent = None;
     if spec.way == Way::Tx {
         let (n, size, secs, pps) = (spec.peers, spec.size, spec.seconds, spec.offered_pps);
+        let family = spec.family;
         let h = crate::workload::in_ns(&gw.name, move || {
             std::thread::sleep(start.saturating_duration_since(Instant::now()));
-            sink::send_inner(n, size, pps, Duration::from_secs_f64(secs))
+            sink::send_inner(n, family, size, pps, Duration::from_secs_f64(secs))
         });
         inner_sent = Some(crate::workload::join(h)?);
         stop.store(true, Ordering::Release);
@@ -560,17 +375,21 @@ fn measure(which: Impl, spec: &StarSpec, rec: &mut StarRecord) -> Result<()> {
             rec.seconds = end.saturating_duration_since(start).as_secs_f64();
             rec.sent = sent.packets;
             rec.unsent = sealed.saturating_sub(sent.packets);
-            rec.delivered = s.unique;
             rec.gateway_socket_drops = counters.listen_drops;
             // The veth loses nothing; its packet counter counts a GSO burst once, as
             // does the drop counter of a socket that takes bursts whole, so the loss
             // at the gateway is counted in packets from what was sent.
-            rec.lost_in_gateway = sent.packets.saturating_sub(counters.tun_rx);
-            rec.sink_socket_drops = s.socket_drops;
-            rec.lost_after_gateway = counters
-                .tun_rx
-                .saturating_sub(s.received)
-                .saturating_sub(s.socket_drops);
+            let written = counters.tun_rx_packets(spec.size);
+            rec.lost_in_gateway = sent.packets.saturating_sub(written);
+            if blackhole {
+                rec.delivered = written;
+            } else {
+                rec.delivered = s.unique;
+                rec.sink_socket_drops = s.socket_drops;
+                rec.lost_after_gateway = written
+                    .saturating_sub(s.received)
+                    .saturating_sub(s.socket_drops);
+            }
             rec.reordered = s.reordered;
             rec.duplicates = s.duplicates;
             rec.corrupted = s.corrupted;

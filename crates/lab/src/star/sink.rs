@@ -6,23 +6,58 @@
 //!   pattern (corruption), the source address (misdelivery), and, in paced runs, the
 //!   one-way delay from the packet's scheduled send time (CLOCK_MONOTONIC, which the
 //!   namespaces share).
+//! - `count_blackholed`: receive direction with the blackhole sink. The kernel drops
+//!   what the gateway writes right after its route lookup, so the gateway's TUN
+//!   receive counter is all that is left to count: delivery, but no order, integrity
+//!   or delay check. It takes the least of the kernel's time after the TUN write.
 //! - `send_inner`: transmit direction. Sends inner UDP to every peer's inner address,
 //!   rotating over the peers, for the gateway to seal and send on.
 
-use super::inner::{self, Stamp, SINK_PORT};
+use super::inner::{self, Family, Stamp, SINK_PORT};
 use crate::hist::Histogram;
 use crate::workload::udp::SeqTracker;
 use crate::Result;
-use std::net::{IpAddr, SocketAddr};
+use serde::{Deserialize, Serialize};
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
-use wirelane_io::poll::wait_readable_any;
 use wirelane_io::udp::{socket_drops, RecvBatch, UdpSocket, NOT_ECT};
 
 /// The sink's receive buffer: deep enough that the sink is never where a saturated
 /// gateway's packets are lost.
 const SINK_BUFFER: usize = 64 << 20;
+
+/// Where the receive direction's inner packets end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SinkKind {
+    /// A UDP socket at the gateway's inner address that checks every packet.
+    #[default]
+    Socket,
+    /// A blackhole route: only counted, at the gateway's TUN device.
+    Blackhole,
+}
+
+impl std::str::FromStr for SinkKind {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "socket" => Ok(SinkKind::Socket),
+            "blackhole" => Ok(SinkKind::Blackhole),
+            _ => Err(format!("sink '{s}': socket or blackhole")),
+        }
+    }
+}
+
+impl std::fmt::Display for SinkKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            SinkKind::Socket => "socket",
+            SinkKind::Blackhole => "blackhole",
+        })
+    }
+}
 
 #[derive(Debug, Clone, Default)]
 pub struct SinkReport {
@@ -45,10 +80,11 @@ pub struct SinkReport {
 /// Runs the sink on the calling thread (inside the gateway's namespace) for `peers`
 /// peers: announces itself ready on `ready`, then receives until `stop` is set and
 /// nothing came for `quiet`, or `limit`. Delays are measured once `t0` (the phase
-/// start) is set, when `paced`.
+/// start) is set, when `paced`. An IPv6 socket takes both families (IPv4 mapped).
 #[allow(clippy::too_many_arguments)]
 pub fn sink(
     peers: usize,
+    family: Family,
     paced: bool,
     t0: Arc<OnceLock<Instant>>,
     stop: Arc<AtomicBool>,
@@ -56,9 +92,16 @@ pub fn sink(
     limit: Duration,
     ready: std::sync::mpsc::Sender<()>,
 ) -> Result<SinkReport> {
-    let sock = UdpSocket::bind(false, SINK_PORT)?;
-    sock.set_receive_buffer(SINK_BUFFER)?;
-    let drops0 = socket_drops(sock.fd()).unwrap_or(0);
+    // One socket per family the run uses (the io crate's IPv6 sockets are IPv6-only).
+    let mut socks = Vec::new();
+    for v6 in [false, true] {
+        if (v6 && family.has_v6()) || (!v6 && family.has_v4()) {
+            let sock = UdpSocket::bind(v6, SINK_PORT)?;
+            sock.set_receive_buffer(SINK_BUFFER)?;
+            let drops0 = socket_drops(sock.fd()).unwrap_or(0);
+            socks.push((sock, drops0));
+        }
+    }
     let _ = ready.send(());
     let mut trackers: Vec<SeqTracker> = (0..peers).map(|_| SeqTracker::default()).collect();
     let mut r = SinkReport::default();
@@ -69,37 +112,41 @@ pub fn sink(
         if stop.load(Ordering::Acquire) && idle {
             break;
         }
-        let got = match sock.recv_batch(&mut batch) {
-            Ok(n) => n,
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                wait_readable_any(sock.fd(), &[], 20)?;
-                continue;
-            }
-            Err(e) => return Err(e.into()),
-        };
-        let now = Instant::now();
-        let start = t0.get().copied().filter(|_| paced);
-        for k in 0..got {
-            let Some(d) = batch.datagram(k) else { continue };
-            for payload in d.datagrams() {
-                r.received += 1;
-                r.first.get_or_insert(now);
-                r.last = Some(now);
-                let Some(stamp) = inner::read_payload(payload) else {
-                    r.corrupted += 1;
-                    continue;
-                };
-                if !from_its_peer(&d.src, &stamp, peers) {
-                    r.misdelivered += 1;
-                    continue;
+        let mut got_any = false;
+        for (sock, _) in &socks {
+            let got = match sock.recv_batch(&mut batch) {
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                Err(e) => return Err(e.into()),
+            };
+            got_any = true;
+            let now = Instant::now();
+            let start = t0.get().copied().filter(|_| paced);
+            for k in 0..got {
+                let Some(d) = batch.datagram(k) else { continue };
+                for payload in d.datagrams() {
+                    r.received += 1;
+                    r.first.get_or_insert(now);
+                    r.last = Some(now);
+                    let Some(stamp) = inner::read_payload(payload) else {
+                        r.corrupted += 1;
+                        continue;
+                    };
+                    if !from_its_peer(&d.src, &stamp, peers) {
+                        r.misdelivered += 1;
+                        continue;
+                    }
+                    trackers[stamp.peer as usize].record(stamp.seq);
+                    if let Some(t0) = start {
+                        let due = t0 + Duration::from_nanos(stamp.scheduled_ns);
+                        r.delay
+                            .record(now.saturating_duration_since(due).as_nanos() as u64);
+                    }
                 }
-                trackers[stamp.peer as usize].record(stamp.seq);
-                if let Some(t0) = start {
-                    let due = t0 + Duration::from_nanos(stamp.scheduled_ns);
-                    r.delay
-                        .record(now.saturating_duration_since(due).as_nanos() as u64);
-                }
             }
+        }
+        if !got_any {
+            wait_readable(&socks, 20);
         }
     }
     for t in &trackers {
@@ -107,15 +154,77 @@ pub fn sink(
         r.reordered += t.reordered;
         r.duplicates += t.duplicates;
     }
-    r.socket_drops = u64::from(socket_drops(sock.fd()).unwrap_or(0).wrapping_sub(drops0));
+    r.socket_drops = socks
+        .iter()
+        .map(|(s, drops0)| u64::from(socket_drops(s.fd()).unwrap_or(0).wrapping_sub(*drops0)))
+        .sum();
     Ok(r)
 }
 
+/// Waits until any of the sink's sockets is readable, or `timeout_ms` passes.
+fn wait_readable(socks: &[(UdpSocket, u32)], timeout_ms: i32) {
+    let mut fds: Vec<libc::pollfd> = socks
+        .iter()
+        .map(|(s, _)| libc::pollfd {
+            fd: s.fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
+    // SAFETY: `fds` holds valid pollfds for the duration of the call. An error (EINTR)
+    // just means another look at the sockets.
+    unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout_ms) };
+}
+
 fn from_its_peer(src: &SocketAddr, stamp: &Stamp, peers: usize) -> bool {
-    let IpAddr::V4(ip) = src.ip() else {
-        return false;
-    };
-    (stamp.peer as usize) < peers && inner::peer_of(ip) == Some(stamp.peer as usize)
+    (stamp.peer as usize) < peers && inner::peer_of(src.ip()) == Some(stamp.peer as usize)
+}
+
+/// The blackhole sink's clock, on the calling thread (inside the gateway's namespace):
+/// watches the gateway's writes to `tun` from when it announces itself ready on
+/// `ready` until `stop` is set and they stood still for `quiet`, or `limit`, and
+/// reports when they began and last moved (`first`, `last`), to within the poll
+/// interval (a millisecond against phases of seconds). How many packets those writes
+/// held, the caller counts (`GatewayCounters::tun_rx_packets`).
+pub fn count_blackholed(
+    tun: &str,
+    stop: Arc<AtomicBool>,
+    quiet: Duration,
+    limit: Duration,
+    ready: std::sync::mpsc::Sender<()>,
+) -> Result<SinkReport> {
+    const POLL: Duration = Duration::from_millis(1);
+    let start = tun_received(tun)?;
+    let _ = ready.send(());
+    let mut r = SinkReport::default();
+    let deadline = Instant::now() + limit;
+    let mut seen = start;
+    while Instant::now() < deadline {
+        let now_count = tun_received(tun)?;
+        let now = Instant::now();
+        if now_count != seen {
+            seen = now_count;
+            r.first.get_or_insert(now);
+            r.last = Some(now);
+        } else if stop.load(Ordering::Acquire) && r.last.is_none_or(|l| l.elapsed() >= quiet) {
+            break;
+        }
+        std::thread::sleep(POLL);
+    }
+    Ok(r)
+}
+
+/// The packets the kernel received from `tun` (what the gateway wrote to it), from
+/// the calling thread's own namespace (`/proc/thread-self/net/dev`).
+fn tun_received(tun: &str) -> Result<u64> {
+    let dev = std::fs::read_to_string("/proc/thread-self/net/dev")?;
+    dev.lines()
+        .skip(2)
+        .filter_map(|l| l.split_once(':'))
+        .find(|(name, _)| name.trim() == tun)
+        // Receive counters first: bytes, packets, ...
+        .and_then(|(_, counters)| counters.split_whitespace().nth(1)?.parse().ok())
+        .ok_or_else(|| format!("no receive counter for {tun} in /proc/net/dev").into())
 }
 
 #[derive(Debug, Clone, Default)]
@@ -124,20 +233,37 @@ pub struct InnerSendReport {
     pub cpu_s: f64,
 }
 
-/// Sends `size`-byte inner packets to every peer's inner address, one batch of
-/// consecutive peers per `sendmmsg`, for `dur` (on the calling thread, inside the
-/// gateway's namespace), at `pps` packets per second in all (None: unlimited).
+/// Sends `size`-byte inner packets to every peer's inner address in its family, one
+/// batch of consecutive peers per `sendmmsg`, for `dur` (on the calling thread, inside
+/// the gateway's namespace), at `pps` packets per second in all (None: unlimited).
+/// An IPv6 socket sends both families (to IPv4 as IPv4-mapped).
 pub fn send_inner(
     peers: usize,
+    family: Family,
     size: usize,
     pps: Option<f64>,
     dur: Duration,
 ) -> Result<InnerSendReport> {
     let cpu0 = super::generator::thread_cpu_s();
-    let sock = UdpSocket::bind(false, 0)?;
-    let len = size - inner::IPV4_HEADER - inner::UDP_HEADER;
+    let v4 = family
+        .has_v4()
+        .then(|| UdpSocket::bind(false, 0))
+        .transpose()?;
+    let v6 = family
+        .has_v6()
+        .then(|| UdpSocket::bind(true, 0))
+        .transpose()?;
+    // The payload that makes a `size`-byte packet in peer `i`'s family.
+    let len = |i: usize| {
+        let header = if family.peer_is_v6(i) {
+            inner::IPV6_HEADER
+        } else {
+            inner::IPV4_HEADER
+        };
+        size - header - inner::UDP_HEADER
+    };
     const BATCH: usize = 64;
-    let mut bufs = vec![vec![0u8; len]; BATCH];
+    let mut bufs = vec![vec![0u8; size]; BATCH];
     let mut report = InnerSendReport::default();
     let start = Instant::now();
     let mut next = 0u64; // packet number over all peers: peer next % peers, seq next / peers
@@ -152,16 +278,23 @@ pub fn send_inner(
         for (b, buf) in bufs.iter_mut().take(k).enumerate() {
             let j = next + b as u64;
             let peer = (j % peers as u64) as usize;
-            inner::write_payload(buf, peer as u32, j / peers as u64 + 1, 0);
-            dsts.push(SocketAddr::new(
-                IpAddr::V4(inner::peer_inner(peer)),
-                SINK_PORT,
-            ));
+            inner::write_payload(&mut buf[..len(peer)], peer as u32, j / peers as u64 + 1, 0);
+            let to = SocketAddr::new(family.peer_addr(peer), SINK_PORT);
+            dsts.push((len(peer), to));
         }
-        let msgs: Vec<(&[u8], SocketAddr)> =
-            bufs.iter().zip(&dsts).map(|(b, d)| (&b[..], *d)).collect();
-        let sent = sock.send_batch(&msgs, None, NOT_ECT)?;
-        report.packets += sent as u64;
+        // Each family's share of the batch through its own socket.
+        for (sock, v6) in [(&v4, false), (&v6, true)] {
+            let Some(sock) = sock else { continue };
+            let msgs: Vec<(&[u8], SocketAddr)> = bufs
+                .iter()
+                .zip(&dsts)
+                .filter(|(_, (_, d))| d.is_ipv6() == v6)
+                .map(|(b, (len, d))| (&b[..*len], *d))
+                .collect();
+            if !msgs.is_empty() {
+                report.packets += sock.send_batch(&msgs, None, NOT_ECT)? as u64;
+            }
+        }
         next += k as u64;
     }
     report.cpu_s = super::generator::thread_cpu_s() - cpu0;

@@ -1,0 +1,220 @@
+//! What one star run is asked to do (`StarSpec`): its direction, N, packet size and
+//! load, its handshakes, its inner families and sink; what makes two runs comparable
+//! (`Shape`); and the checks that refuse a run the lab cannot stage, with the reason.
+
+use super::{generator, inner, sink, storm};
+use crate::Result;
+use serde::{Deserialize, Serialize};
+
+/// The longest timed phase, s: it ends before the sessions do (see `validate`).
+pub const MAX_PHASE_S: f64 = 170.0;
+
+/// The default cap on sealed traffic held in memory, MiB.
+pub const DEFAULT_SEALED_MAX_MIB: usize = 4096;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Way {
+    /// Peers → gateway: the gateway decrypts.
+    Rx,
+    /// Gateway → peers: the gateway encrypts.
+    Tx,
+}
+
+impl std::str::FromStr for Way {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "rx" => Ok(Way::Rx),
+            "tx" => Ok(Way::Tx),
+            _ => Err(format!("direction '{s}': rx (peers → gateway) or tx")),
+        }
+    }
+}
+
+impl std::fmt::Display for Way {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Way::Rx => "rx",
+            Way::Tx => "tx",
+        })
+    }
+}
+
+/// One star run's shape.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct StarSpec {
+    pub peers: usize,
+    pub way: Way,
+    /// Inner packet size, bytes (IPv4 header included).
+    pub size: usize,
+    /// Offered load in packets per second over all peers; None: unlimited.
+    pub offered_pps: Option<f64>,
+    /// Length of the timed phase (paced runs; unlimited receive runs send what the cap
+    /// on sealed packets holds).
+    pub seconds: f64,
+    /// Initiations per second during the handshake phase; None: all at once (a storm).
+    pub handshake_rate: Option<f64>,
+    /// Cap on the sealed traffic held in memory, MiB.
+    pub sealed_max_mib: usize,
+    /// All peers behind one outer address (a NAT), instead of one address each.
+    #[serde(default)]
+    pub shared_source: bool,
+    /// Transmit: the generator opens every this-many-th message each peer receives
+    /// (1: all of them, and then checks every sequence number).
+    #[serde(default = "default_sample_every")]
+    pub sample_every: u64,
+    /// Peers configured beside the N that have no session before the phase and all
+    /// initiate when it starts (`storm`); 0: none.
+    #[serde(default)]
+    pub storm_peers: usize,
+    /// The inner packets' address families.
+    #[serde(default)]
+    pub family: inner::Family,
+    /// Where the receive direction's packets end.
+    #[serde(default)]
+    pub sink: sink::SinkKind,
+}
+
+fn default_sample_every() -> u64 {
+    64
+}
+
+/// What makes runs comparable: direction, N, offered load and whether the
+/// handshakes came as a storm.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shape {
+    pub way: Way,
+    pub peers: usize,
+    /// Offered packets per second, rounded (None: unlimited).
+    pub offered_pps: Option<u64>,
+    pub storm: bool,
+    /// Peers storming during the phase.
+    pub storm_peers: usize,
+    pub family: inner::Family,
+    pub sink: sink::SinkKind,
+}
+
+impl Shape {
+    /// Table order: direction, then N, load, storm, family and sink.
+    pub fn order(&self) -> (u8, usize, u64, bool, usize, u8, u8) {
+        (
+            self.way as u8,
+            self.peers,
+            self.offered_pps.unwrap_or(u64::MAX),
+            self.storm,
+            self.storm_peers,
+            self.family as u8,
+            self.sink as u8,
+        )
+    }
+}
+
+impl std::fmt::Display for Shape {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} N={}", self.way, self.peers)?;
+        match self.offered_pps {
+            Some(p) => write!(f, " {p} pps")?,
+            None => f.write_str(" unlimited")?,
+        }
+        if self.storm {
+            f.write_str(" storm")?;
+        }
+        if self.storm_peers > 0 {
+            write!(f, " +{} storming", self.storm_peers)?;
+        }
+        if self.family != inner::Family::Ipv4 {
+            write!(f, " {}", self.family)?;
+        }
+        if self.sink != sink::SinkKind::Socket {
+            write!(f, " {} sink", self.sink)?;
+        }
+        Ok(())
+    }
+}
+
+impl StarSpec {
+    pub fn shape(&self) -> Shape {
+        Shape {
+            way: self.way,
+            peers: self.peers,
+            offered_pps: self.offered_pps.map(|p| p.round() as u64),
+            storm: self.handshake_rate.is_none(),
+            storm_peers: self.storm_peers,
+            family: self.family,
+            sink: self.sink,
+        }
+    }
+
+    pub fn validate(&self) -> Result<()> {
+        if !(1..=generator::MAX_PEERS).contains(&self.peers) {
+            return Err(format!("star: peers must be 1..={}", generator::MAX_PEERS).into());
+        }
+        let min = self.family.max_header() + inner::UDP_HEADER + inner::MIN_PAYLOAD;
+        if !(min..=generator::MTU).contains(&self.size) {
+            return Err(format!("star: size must be {min}..={}", generator::MTU).into());
+        }
+        // The emulated peers never rekey: past REJECT_AFTER_TIME (180 s) from their
+        // handshakes their sessions are gone, and a longer phase would measure a
+        // gateway whose peers all vanished.
+        if !(0.1..=MAX_PHASE_S).contains(&self.seconds) {
+            return Err(format!(
+                "star: seconds must be 0.1..={MAX_PHASE_S} (the emulated peers do not rekey, \
+                 and their sessions end 180 s after the handshakes)"
+            )
+            .into());
+        }
+        if self
+            .offered_pps
+            .is_some_and(|r| !(r.is_finite() && r >= 1.0))
+        {
+            return Err("star: the offered rate must be at least 1 packet per second".into());
+        }
+        if self.sample_every == 0 {
+            return Err("star: sample_every must be at least 1".into());
+        }
+        if self.sink == sink::SinkKind::Blackhole && self.way != Way::Rx {
+            return Err("star: the blackhole sink is for the receive direction".into());
+        }
+        if self.storm_peers > 0 && self.shared_source {
+            return Err("star: a storm during the phase needs a source address per peer".into());
+        }
+        storm::check(self.peers, self.storm_peers)
+    }
+
+    /// Packets each peer sends in a receive run, within the cap on sealed memory.
+    pub(crate) fn per_peer(&self) -> Result<usize> {
+        let outer = generator::message_len(self.size);
+        let cap = self.sealed_max_mib << 20;
+        match self.offered_pps {
+            Some(r) => {
+                let per_peer = (r * self.seconds / self.peers as f64).ceil() as usize;
+                let need = per_peer.max(1) * self.peers * outer;
+                if need > cap {
+                    return Err(format!(
+                        "star: this run needs {} MiB of sealed packets ({} peers × {per_peer} \
+                         packets × {outer} bytes), more than the cap of {} MiB: shorten it, \
+                         lower the rate, or raise --sealed-max-mib",
+                        need >> 20,
+                        self.peers,
+                        self.sealed_max_mib
+                    )
+                    .into());
+                }
+                Ok(per_peer.max(1))
+            }
+            None => {
+                let per_peer = cap / (self.peers * outer);
+                if per_peer == 0 {
+                    return Err(format!(
+                        "star: {} MiB of sealed packets cannot hold one packet per peer for {} \
+                         peers; raise --sealed-max-mib",
+                        self.sealed_max_mib, self.peers
+                    )
+                    .into());
+                }
+                Ok(per_peer)
+            }
+        }
+    }
+}
