@@ -112,7 +112,16 @@ pub enum WorkloadSpec {
         /// Receive direction's sink: "socket" (checks every packet) or "blackhole".
         #[serde(default)]
         sink: crate::star::sink::SinkKind,
+        /// Light peers among the N, each at `light_mbit` (`StarSpec::light_peers`).
+        #[serde(default)]
+        light_peers: usize,
+        #[serde(default = "one_mbit")]
+        light_mbit: f64,
     },
+}
+
+fn one_mbit() -> f64 {
+    1.0
 }
 
 fn rx_only() -> Vec<crate::star::Way> {
@@ -193,6 +202,10 @@ pub enum Cell {
         family: crate::star::inner::Family,
         #[serde(default)]
         sink: crate::star::sink::SinkKind,
+        #[serde(default)]
+        light_peers: usize,
+        #[serde(default = "one_mbit")]
+        light_mbit: f64,
     },
 }
 
@@ -208,6 +221,8 @@ impl Cell {
             shared_source,
             family,
             sink,
+            light_peers,
+            light_mbit,
         } = *self
         else {
             return None;
@@ -225,6 +240,8 @@ impl Cell {
             storm_peers: 0,
             family,
             sink,
+            light_peers,
+            light_mbit,
         })
     }
 
@@ -338,6 +355,8 @@ impl Cell {
                 shared_source,
                 family,
                 sink,
+                light_peers,
+                light_mbit,
             } => {
                 let load = offered_gbit.map_or("unlimited".into(), |g| format!("{g}Gbit/s"));
                 let mut id = format!("star:{peers} {way} {load}");
@@ -355,6 +374,9 @@ impl Cell {
                 }
                 if *sink != crate::star::sink::SinkKind::Socket {
                     id.push_str(&format!(" {sink}-sink"));
+                }
+                if *light_peers > 0 {
+                    id.push_str(&format!(" +{light_peers} light@{light_mbit}Mbit/s"));
                 }
                 id
             }
@@ -471,6 +493,8 @@ impl Matrix {
                     shared_source,
                     family,
                     sink,
+                    light_peers,
+                    light_mbit,
                 } => {
                     if !handshake_rate.is_finite() || *handshake_rate < 0.0 {
                         return Err("matrix: star handshake_rate must be 0 or more".into());
@@ -490,6 +514,8 @@ impl Matrix {
                                     shared_source: *shared_source,
                                     family: *family,
                                     sink: *sink,
+                                    light_peers: *light_peers,
+                                    light_mbit: *light_mbit,
                                 });
                             }
                         }
@@ -729,6 +755,15 @@ impairment = { loss = 1.5, delay_ms = 5, jitter_ms = 1 }
         );
         for (extra, needle) in [
             ("peers = [10]\nfamily = \"ipv5\"\n", "ipv5"),
+            (
+                "peers = [10]\noffered_gbit = [1.0]\nlight_peers = 10\n",
+                "at least one heavy peer",
+            ),
+            ("peers = [10]\nlight_peers = 2\n", "paced"),
+            (
+                "peers = [10]\noffered_gbit = [1.0]\nlight_peers = 2\nlight_mbit = -1.0\n",
+                "light peer's rate",
+            ),
             (
                 "peers = [10]\ndirection = [\"tx\"]\nsink = \"blackhole\"\n",
                 "blackhole",

@@ -27,6 +27,8 @@ fn spec50(way: Way, pps: f64, storm_peers: usize, family: Family, sink: SinkKind
         storm_peers,
         family,
         sink,
+        light_peers: 0,
+        light_mbit: 0.0,
     }
 }
 
@@ -144,6 +146,29 @@ fn star_50_blackhole_sink_counts_every_packet() {
         Family::Dual,
         SinkKind::Blackhole,
     ));
+}
+
+/// Ten of the fifty peers are light, sending one packet at a time from a sender of
+/// their own beside the bulk of the other forty: everything arrives once, in order and
+/// intact, and the light peers' packets and delay are reported apart.
+#[test]
+fn star_50_light_peers_are_counted_and_timed_apart() {
+    let spec = StarSpec {
+        light_peers: 10,
+        light_mbit: 1.0,
+        ..spec50(Way::Rx, 5_000.0, 0, Family::Ipv4, SinkKind::Socket)
+    };
+    let rec = run_one("wirelane".parse().unwrap(), &spec, 0, 1.0);
+    assert_eq!(rec.error, None, "{rec:?}");
+    assert_received_whole(&rec);
+    let light = rec.light.clone().expect("the light peers' report");
+    // 1 Mbit/s of 1,420-byte packets for 2 s: 177 packets each, 10 peers.
+    assert_eq!(light.sent, 1_770, "{light:?}");
+    assert_eq!(light.delivered, light.sent, "{light:?}");
+    assert!(
+        light.delay_p99_us.is_some() && rec.delay_p99_us.is_some(),
+        "{rec:?}"
+    );
 }
 
 /// Bad input: the blackhole sink only takes the receive direction.

@@ -53,8 +53,29 @@ pub struct HandshakeReport {
     pub cookie_replies: u64,
 }
 
-/// The sealed traffic of a receive-direction phase, built before it.
+/// What to seal for one sender of a receive-direction phase.
+#[derive(Debug, Clone)]
+pub struct SealPlan {
+    /// The peers it sends for.
+    pub peers: std::ops::Range<usize>,
+    /// Packets per peer (rounded up to whole bursts).
+    pub per_peer: usize,
+    /// Inner packet size, bytes.
+    pub size: usize,
+    /// Packets per second over these peers (None: unlimited).
+    pub total_pps: Option<f64>,
+    pub family: inner::Family,
+    /// To the blackhole's address instead of the sink's.
+    pub blackhole: bool,
+    /// Most messages per send: a GSO run of one peer's packets for a bulk sender, 1 for
+    /// a light one, whose packets go out one at a time.
+    pub max_burst: usize,
+}
+
+/// The sealed traffic of one sender of a receive-direction phase, built before it.
 pub struct Sealed {
+    /// The first peer it sends for; `per_peer[k]` is peer `first_peer + k`'s.
+    first_peer: usize,
     /// Per peer, its messages laid end to end, `outer_len` bytes each.
     per_peer: Vec<Vec<u8>>,
     pub outer_len: usize,
@@ -71,7 +92,11 @@ impl Sealed {
     }
 
     pub fn bytes(&self) -> usize {
-        self.per_peer.len() * self.per_peer_count * self.outer_len
+        self.packets() * self.outer_len
+    }
+
+    pub fn packets(&self) -> usize {
+        self.per_peer.len() * self.per_peer_count
     }
 }
 
@@ -323,35 +348,32 @@ impl Generator {
         Ok(())
     }
 
-    /// Seals `per_peer` inner packets of `size` bytes for every peer (counters from 1),
-    /// scheduled for `total_pps` packets per second in all (None: unlimited), on all
-    /// of this machine's cores. Each peer sends from its address in `family` to the
-    /// gateway's sink, or to the blackhole.
-    pub fn seal(
-        &self,
-        per_peer: usize,
-        size: usize,
-        total_pps: Option<f64>,
-        family: inner::Family,
-        blackhole: bool,
-    ) -> Sealed {
+    /// Seals `plan.per_peer` inner packets of `plan.size` bytes for each of the plan's
+    /// peers (counters from 1), scheduled for `plan.total_pps` packets per second in all
+    /// (None: unlimited), on all of this machine's cores. Each peer sends from its
+    /// address in the plan's family to the gateway's sink, or to the blackhole.
+    pub fn seal(&self, plan: &SealPlan) -> Sealed {
+        let (size, family, blackhole) = (plan.size, plan.family, plan.blackhole);
         let outer_len = message_len(size);
         let max_burst = (GSO_MAX_BYTES / outer_len).clamp(1, GSO_MAX_SEGMENTS);
-        let burst = max_burst.min(per_peer.max(1));
-        let per_peer = per_peer.max(1).div_ceil(burst) * burst;
-        let n = self.peers.len();
-        let burst_interval_ns = total_pps.map_or(0, |r| (burst as f64 * 1e9 / r) as u64);
-        let sched = |peer: usize, seq: usize| -> u64 {
+        let burst = max_burst.min(plan.max_burst).min(plan.per_peer).max(1);
+        let per_peer = plan.per_peer.max(1).div_ceil(burst) * burst;
+        let peers = self.peers.get(plan.peers.clone()).unwrap_or(&[]);
+        let (first, n) = (plan.peers.start, peers.len());
+        let burst_interval_ns = plan
+            .total_pps
+            .map_or(0, |r| (burst as f64 * 1e9 / r) as u64);
+        // `k` counts from the plan's first peer.
+        let sched = |k: usize, seq: usize| -> u64 {
             // Burst j carries peer j % n's (j / n)-th run of `burst` packets.
-            let j = (seq / burst) * n + peer;
+            let j = (seq / burst) * n + k;
             j as u64 * burst_interval_ns
         };
         let threads = std::thread::available_parallelism().map_or(1, |t| t.get());
         let chunk = n.div_ceil(threads).max(1);
         let mut per_peer_bufs: Vec<Vec<u8>> = Vec::with_capacity(n);
         std::thread::scope(|scope| {
-            let handles: Vec<_> = self
-                .peers
+            let handles: Vec<_> = peers
                 .chunks(chunk)
                 .enumerate()
                 .map(|(c, peers)| {
@@ -360,14 +382,15 @@ impl Generator {
                             .iter()
                             .enumerate()
                             .map(|(k, p)| {
-                                let peer = c * chunk + k;
+                                let k = c * chunk + k;
+                                let peer = first + k;
                                 let mut buf = vec![0u8; per_peer * outer_len];
                                 let sealer = p.sealer();
                                 for (seq, msg) in buf.chunks_exact_mut(outer_len).enumerate() {
                                     let stamp = Stamp {
                                         peer: peer as u32,
                                         seq: seq as u64 + 1,
-                                        scheduled_ns: sched(peer, seq),
+                                        scheduled_ns: sched(k, seq),
                                     };
                                     inner::write_packet(
                                         &mut msg[TRANSPORT_HEADER_LEN..],
@@ -391,6 +414,7 @@ impl Generator {
             }
         });
         Sealed {
+            first_peer: first,
             per_peer: per_peer_bufs,
             outer_len,
             per_peer_count: per_peer,
@@ -403,11 +427,12 @@ impl Generator {
     /// as the sockets take them), giving up at `limit` after `t0`.
     pub fn send(&self, sealed: &Sealed, t0: Instant, limit: Duration) -> Result<SendReport> {
         let cpu0 = thread_cpu_s();
-        let n = self.peers.len();
+        let n = sealed.per_peer.len();
         let mut report = SendReport::default();
         let burst_bytes = sealed.burst * sealed.outer_len;
         for j in 0..sealed.bursts() {
-            let (peer, run) = (j % n, j / n);
+            let (k, run) = (j % n, j / n);
+            let peer = sealed.first_peer + k;
             if sealed.burst_interval_ns > 0 {
                 let target = t0 + Duration::from_nanos(j as u64 * sealed.burst_interval_ns);
                 let now = Instant::now();
@@ -420,7 +445,7 @@ impl Generator {
             if t0.elapsed() > limit {
                 break;
             }
-            let bytes = &sealed.per_peer[peer][run * burst_bytes..(run + 1) * burst_bytes];
+            let bytes = &sealed.per_peer[k][run * burst_bytes..(run + 1) * burst_bytes];
             let sock = &self.socks[peer];
             let segmented = sealed.burst > 1
                 && sock.gso_enabled()

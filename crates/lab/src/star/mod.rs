@@ -26,7 +26,7 @@ use crate::netns::{unique, Netns};
 use crate::Result;
 use emulated::EmulatedPeer;
 use gateway::{configure_gateway, GatewayCounters};
-use generator::{Generator, HandshakeReport};
+use generator::{Generator, HandshakeReport, SealPlan};
 use serde::{Deserialize, Serialize};
 pub use spec::{Shape, StarSpec, Way, DEFAULT_SEALED_MAX_MIB, MAX_PHASE_S};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -107,6 +107,29 @@ pub struct StarRecord {
     /// The storm during the phase, if the spec asked for one.
     #[serde(default)]
     pub storm_during: Option<HandshakeReport>,
+    /// The light peers, if the spec has any; the delay quantiles above are then the
+    /// heavy peers'.
+    #[serde(default)]
+    pub light: Option<LightReport>,
+}
+
+/// What the light peers of a receive run (`StarSpec::light_peers`) sent and got.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct LightReport {
+    pub sent: u64,
+    /// Delivered once, intact.
+    pub delivered: u64,
+    /// One-way delay quantiles from the scheduled send time, µs.
+    pub delay_p50_us: Option<f64>,
+    pub delay_p99_us: Option<f64>,
+    pub delay_p999_us: Option<f64>,
+    /// How late their sender sent, p99 µs.
+    pub late_p99_us: Option<f64>,
+}
+
+/// p50, p99 and p99.9 of `h` in µs, if it holds anything.
+fn quantiles_us(h: &crate::hist::Histogram) -> [Option<f64>; 3] {
+    [0.5, 0.99, 0.999].map(|p| (h.count() > 0).then(|| h.quantile(p) as f64 / 1e3))
 }
 
 /// The AEAD's open-only cost on this thread, seconds per GB of `size`-byte packets:
@@ -161,10 +184,10 @@ pub fn run_one(which: Impl, spec: &StarSpec, repeat: usize, floor: f64) -> StarR
 fn measure(which: Impl, spec: &StarSpec, rec: &mut StarRecord) -> Result<()> {
     spec.validate()?;
     which.available()?;
-    let per_peer = if spec.way == Way::Rx {
+    let (per_peer, light_per_peer) = if spec.way == Way::Rx {
         spec.per_peer()?
     } else {
-        0
+        (0, 0)
     };
     let gw = Netns::new("lsg")?;
     let gen = Netns::new("lsp")?;
@@ -223,9 +246,12 @@ fn measure(which: Impl, spec: &StarSpec, rec: &mut StarRecord) -> Result<()> {
             tun.clone(),
         );
         let quiet = Duration::from_millis(300);
+        let light_from = spec.heavy_peers();
         let h = crate::workload::in_ns(&gw.name, move || match blackhole {
             true => sink::count_blackholed(&tun, stop, quiet, limit, ready_tx),
-            false => sink::sink(n, family, paced, t0, stop, quiet, limit, ready_tx),
+            false => sink::sink(
+                n, light_from, family, paced, t0, stop, quiet, limit, ready_tx,
+            ),
         });
         (h, ready_rx)
     });
@@ -250,14 +276,24 @@ fn measure(which: Impl, spec: &StarSpec, rec: &mut StarRecord) -> Result<()> {
             Duration::from_secs(30) + Duration::from_secs_f64(gen_spec.peers as f64 / 500.0);
         let hs = g.handshake(gen_spec.handshake_rate, limit)?;
         g.keepalive()?;
+        let plan = |peers: std::ops::Range<usize>, per_peer, pps, max_burst| SealPlan {
+            peers,
+            per_peer,
+            size: gen_spec.size,
+            total_pps: pps,
+            family: gen_spec.family,
+            blackhole: gen_spec.sink == sink::SinkKind::Blackhole,
+            max_burst,
+        };
+        let heavy = gen_spec.heavy_peers();
         let sealed = (gen_spec.way == Way::Rx).then(|| {
-            g.seal(
-                per_peer,
-                gen_spec.size,
-                gen_spec.offered_pps,
-                gen_spec.family,
-                gen_spec.sink == sink::SinkKind::Blackhole,
-            )
+            let bulk = plan(0..heavy, per_peer, gen_spec.offered_pps, usize::MAX);
+            g.seal(&bulk)
+        });
+        // The light peers' packets leave one at a time, from a sender of their own.
+        let light = (gen_spec.way == Way::Rx && gen_spec.light_peers > 0).then(|| {
+            let pps = gen_spec.light_pps() * gen_spec.light_peers as f64;
+            g.seal(&plan(heavy..gen_spec.peers, light_per_peer, Some(pps), 1))
         });
         let _ = ready_tx.send(hs);
         let Some(t0) = go_rx.recv().ok().flatten() else {
@@ -267,11 +303,24 @@ fn measure(which: Impl, spec: &StarSpec, rec: &mut StarRecord) -> Result<()> {
             Some(s) => {
                 let send_limit =
                     Duration::from_secs_f64(gen_spec.seconds) * 2 + Duration::from_secs(5);
-                let r = g.send(&s, t0, send_limit)?;
-                Ok(GeneratorOutcome::Sent(
-                    r,
-                    s.per_peer_count as u64 * gen_spec.peers as u64,
-                ))
+                let (heavy_sent, light_sent) = std::thread::scope(|scope| {
+                    let light = light.as_ref().map(|l| {
+                        let g = &g;
+                        scope.spawn(move || g.send(l, t0, send_limit))
+                    });
+                    let heavy_sent = g.send(&s, t0, send_limit);
+                    let light_sent = light.map(|h| h.join().map_err(|_| "light sender panicked"));
+                    (heavy_sent, light_sent)
+                });
+                let light = match (light_sent, &light) {
+                    (Some(r), Some(l)) => Some((r??, l.packets() as u64)),
+                    _ => None,
+                };
+                Ok(GeneratorOutcome::Sent {
+                    heavy: heavy_sent?,
+                    sealed: s.packets() as u64,
+                    light,
+                })
             }
             None => {
                 let limit = Instant::now()
@@ -370,17 +419,27 @@ fn measure(which: Impl, spec: &StarSpec, rec: &mut StarRecord) -> Result<()> {
         .collect();
 
     match (outcome, sunk, inner_sent) {
-        (GeneratorOutcome::Sent(sent, sealed), Some(s), _) => {
+        (
+            GeneratorOutcome::Sent {
+                heavy: sent,
+                sealed,
+                light,
+            },
+            Some(s),
+            _,
+        ) => {
             let end = s.last.unwrap_or(start);
             rec.seconds = end.saturating_duration_since(start).as_secs_f64();
-            rec.sent = sent.packets;
-            rec.unsent = sealed.saturating_sub(sent.packets);
+            let light_sent = light.as_ref().map_or(0, |l| l.0.packets);
+            let light_sealed = light.as_ref().map_or(0, |l| l.1);
+            rec.sent = sent.packets + light_sent;
+            rec.unsent = (sealed + light_sealed).saturating_sub(rec.sent);
             rec.gateway_socket_drops = counters.listen_drops;
             // The veth loses nothing; its packet counter counts a GSO burst once, as
             // does the drop counter of a socket that takes bursts whole, so the loss
             // at the gateway is counted in packets from what was sent.
             let written = counters.tun_rx_packets(spec.size);
-            rec.lost_in_gateway = sent.packets.saturating_sub(written);
+            rec.lost_in_gateway = rec.sent.saturating_sub(written);
             if blackhole {
                 rec.delivered = written;
             } else {
@@ -394,16 +453,21 @@ fn measure(which: Impl, spec: &StarSpec, rec: &mut StarRecord) -> Result<()> {
             rec.duplicates = s.duplicates;
             rec.corrupted = s.corrupted;
             rec.misdelivered = s.misdelivered;
-            if s.delay.count() > 0 {
-                let q = |p: f64| Some(s.delay.quantile(p) as f64 / 1e3);
-                rec.delay_p50_us = q(0.5);
-                rec.delay_p99_us = q(0.99);
-                rec.delay_p999_us = q(0.999);
+            [rec.delay_p50_us, rec.delay_p99_us, rec.delay_p999_us] = quantiles_us(&s.delay);
+            if let Some((l, _)) = &light {
+                let [p50, p99, p999] = quantiles_us(&s.light_delay);
+                rec.light = Some(LightReport {
+                    sent: l.packets,
+                    delivered: s.light_unique,
+                    delay_p50_us: p50,
+                    delay_p99_us: p99,
+                    delay_p999_us: p999,
+                    late_p99_us: quantiles_us(&l.lateness)[1],
+                });
             }
-            if sent.lateness.count() > 0 {
-                rec.generator_late_p99_us = Some(sent.lateness.quantile(0.99) as f64 / 1e3);
-            }
-            rec.generator_cores = sent.cpu_s / sent.wall_s.max(1e-9);
+            rec.generator_late_p99_us = quantiles_us(&sent.lateness)[1];
+            let light_cpu_s = light.as_ref().map_or(0.0, |l| l.0.cpu_s);
+            rec.generator_cores = (sent.cpu_s + light_cpu_s) / sent.wall_s.max(1e-9);
         }
         (GeneratorOutcome::Received(r), None, Some(inner)) => {
             let end = r.last.unwrap_or(start);
@@ -431,8 +495,13 @@ fn measure(which: Impl, spec: &StarSpec, rec: &mut StarRecord) -> Result<()> {
 }
 
 enum GeneratorOutcome {
-    /// What was sent, and how many packets were sealed.
-    Sent(generator::SendReport, u64),
+    /// What was sent and how many packets were sealed: by the bulk sender, and by
+    /// the light peers' sender if there were light peers.
+    Sent {
+        heavy: generator::SendReport,
+        sealed: u64,
+        light: Option<(generator::SendReport, u64)>,
+    },
     Received(generator::ReceiveReport),
     /// The run was called off before its timed phase.
     CalledOff,

@@ -110,6 +110,15 @@ pub fn table(records: &[StarRecord], cpu: &str) -> String {
             fmt(lost, 2),
             wrong,
             fmt(m(&|r| r.delay_p99_us.map(|d| d / 1e3)), 2),
+            fmt(m(&|r| r.light.as_ref()?.delay_p99_us.map(|d| d / 1e3)), 2),
+            fmt(
+                m(&|r| {
+                    let l = r.light.as_ref()?;
+                    (l.sent > 0)
+                        .then(|| 100.0 * l.sent.saturating_sub(l.delivered) as f64 / l.sent as f64)
+                }),
+                2,
+            ),
             fmt(m(&|r| r.peak_rss_kib.map(|k| k as f64 / 1024.0)), 0),
             fmt(m(&|r| r.handshake.to_all_s), 2),
             fmt(m(&|r| r.storm_during.as_ref().and_then(|s| s.to_all_s)), 2),
@@ -121,7 +130,8 @@ pub fn table(records: &[StarRecord], cpu: &str) -> String {
         &format!(
             "Star: one gateway, N emulated peers. Medians of the repeats; CPU: {cpu}. \
              \"wrong\" sums reordered, duplicated, corrupted and misdelivered packets and \
-             bad samples over all runs; a blackhole sink only counts."
+             bad samples over all runs; a blackhole sink only counts. With light peers, \
+             \"delay\" is the heavy peers'."
         ),
         &[
             "cell",
@@ -133,6 +143,8 @@ pub fn table(records: &[StarRecord], cpu: &str) -> String {
             "lost %",
             "wrong",
             "delay p99 ms",
+            "light peers: delay p99 ms",
+            "light peers: lost %",
             "peak RSS MiB",
             "all handshakes s",
             "storm during: all s",
@@ -196,6 +208,15 @@ pub struct StarArgs {
     /// cost to the kernel after the TUN write). Receive direction only.
     #[arg(long, default_value_t = super::sink::SinkKind::Socket)]
     pub sink: super::sink::SinkKind,
+    /// Receive: the last this-many of the N peers are light, each sending
+    /// --light-mbit one packet at a time from a sender of their own, while the others
+    /// share the offered load (which must be paced); the light peers' one-way delay
+    /// and loss are reported apart.
+    #[arg(long, default_value_t = 0)]
+    pub light_peers: usize,
+    /// Each light peer's rate, Mbit/s of inner packets.
+    #[arg(long, default_value_t = 1.0)]
+    pub light_mbit: f64,
     /// Output directory (default: lab-results/star-<timestamp>).
     #[arg(long)]
     pub out: Option<std::path::PathBuf>,
@@ -215,8 +236,10 @@ pub fn run_cli(a: &StarArgs) -> Result<()> {
     let mut cells = Vec::new();
     for &way in &a.direction {
         for &peers in &a.peers {
+            // Per-peer loads are the heavy peers'; the light ones have their own.
+            let heavy = peers.saturating_sub(a.light_peers).max(1);
             let offered_pps = match (way, a.per_peer_mbit, a.offered_gbit) {
-                (_, Some(m), _) => Some(m * 1e6 * peers as f64 / (8.0 * a.size as f64)),
+                (_, Some(m), _) => Some(m * 1e6 * heavy as f64 / (8.0 * a.size as f64)),
                 (_, _, Some(g)) => Some(g * 1e9 / (8.0 * a.size as f64)),
                 _ => None,
             };
@@ -233,6 +256,8 @@ pub fn run_cli(a: &StarArgs) -> Result<()> {
                 storm_peers: a.storm_peers,
                 family: a.inner,
                 sink: a.sink,
+                light_peers: a.light_peers,
+                light_mbit: a.light_mbit,
             };
             spec.validate()?;
             spec.per_peer()?;

@@ -73,6 +73,9 @@ pub struct SinkReport {
     pub socket_drops: u64,
     /// One-way delay from the scheduled send time, ns (paced runs only).
     pub delay: Histogram,
+    /// The light peers' (from `light_from` on) unique packets and one-way delay.
+    pub light_unique: u64,
+    pub light_delay: Histogram,
     pub first: Option<Instant>,
     pub last: Option<Instant>,
 }
@@ -80,10 +83,11 @@ pub struct SinkReport {
 /// Runs the sink on the calling thread (inside the gateway's namespace) for `peers`
 /// peers: announces itself ready on `ready`, then receives until `stop` is set and
 /// nothing came for `quiet`, or `limit`. Delays are measured once `t0` (the phase
-/// start) is set, when `paced`. An IPv6 socket takes both families (IPv4 mapped).
+/// start) is set, when `paced`; the light peers' (`light_from..peers`) apart.
 #[allow(clippy::too_many_arguments)]
 pub fn sink(
     peers: usize,
+    light_from: usize,
     family: Family,
     paced: bool,
     t0: Arc<OnceLock<Instant>>,
@@ -139,8 +143,11 @@ pub fn sink(
                     trackers[stamp.peer as usize].record(stamp.seq);
                     if let Some(t0) = start {
                         let due = t0 + Duration::from_nanos(stamp.scheduled_ns);
-                        r.delay
-                            .record(now.saturating_duration_since(due).as_nanos() as u64);
+                        let delay = now.saturating_duration_since(due).as_nanos() as u64;
+                        match stamp.peer as usize >= light_from {
+                            true => r.light_delay.record(delay),
+                            false => r.delay.record(delay),
+                        }
                     }
                 }
             }
@@ -149,7 +156,10 @@ pub fn sink(
             wait_readable(&socks, 20);
         }
     }
-    for t in &trackers {
+    for (i, t) in trackers.iter().enumerate() {
+        if i >= light_from {
+            r.light_unique += t.unique;
+        }
         r.unique += t.unique;
         r.reordered += t.reordered;
         r.duplicates += t.duplicates;

@@ -74,6 +74,14 @@ pub struct StarSpec {
     /// Where the receive direction's packets end.
     #[serde(default)]
     pub sink: sink::SinkKind,
+    /// Receive: the last this-many of the N peers are light, each sending
+    /// `light_mbit` from a sender of their own, while the other (heavy) peers share
+    /// `offered_pps`; their one-way delay and loss are reported apart. 0: none.
+    #[serde(default)]
+    pub light_peers: usize,
+    /// Each light peer's rate, Mbit/s of inner packets.
+    #[serde(default)]
+    pub light_mbit: f64,
 }
 
 fn default_sample_every() -> u64 {
@@ -93,11 +101,14 @@ pub struct Shape {
     pub storm_peers: usize,
     pub family: inner::Family,
     pub sink: sink::SinkKind,
+    /// Light peers among the N, and each one's rate in kbit/s.
+    pub light: Option<(usize, u64)>,
 }
 
 impl Shape {
-    /// Table order: direction, then N, load, storm, family and sink.
-    pub fn order(&self) -> (u8, usize, u64, bool, usize, u8, u8) {
+    /// Table order: direction, then N, load, storm, family, sink and light peers.
+    #[allow(clippy::type_complexity)]
+    pub fn order(&self) -> (u8, usize, u64, bool, usize, u8, u8, Option<(usize, u64)>) {
         (
             self.way as u8,
             self.peers,
@@ -106,6 +117,7 @@ impl Shape {
             self.storm_peers,
             self.family as u8,
             self.sink as u8,
+            self.light,
         )
     }
 }
@@ -129,6 +141,9 @@ impl std::fmt::Display for Shape {
         if self.sink != sink::SinkKind::Socket {
             write!(f, " {} sink", self.sink)?;
         }
+        if let Some((k, kbit)) = self.light {
+            write!(f, " ({k} light at {} Mbit/s)", kbit as f64 / 1e3)?;
+        }
         Ok(())
     }
 }
@@ -143,7 +158,19 @@ impl StarSpec {
             storm_peers: self.storm_peers,
             family: self.family,
             sink: self.sink,
+            light: (self.light_peers > 0)
+                .then(|| (self.light_peers, (self.light_mbit * 1e3).round() as u64)),
         }
+    }
+
+    /// The heavy peers: all but the light ones.
+    pub fn heavy_peers(&self) -> usize {
+        self.peers - self.light_peers.min(self.peers)
+    }
+
+    /// Each light peer's rate, packets per second.
+    pub fn light_pps(&self) -> f64 {
+        self.light_mbit * 1e6 / (8.0 * self.size as f64)
     }
 
     pub fn validate(&self) -> Result<()> {
@@ -176,44 +203,76 @@ impl StarSpec {
         if self.sink == sink::SinkKind::Blackhole && self.way != Way::Rx {
             return Err("star: the blackhole sink is for the receive direction".into());
         }
+        if self.light_peers > 0 {
+            if self.light_peers >= self.peers {
+                return Err("star: light peers must leave at least one heavy peer".into());
+            }
+            if self.way != Way::Rx || self.sink != sink::SinkKind::Socket {
+                return Err(
+                    "star: light peers are measured in the receive direction, at the socket \
+                     sink (their delay is what they report)"
+                        .into(),
+                );
+            }
+            if self.offered_pps.is_none() {
+                return Err(
+                    "star: light peers need the heavy peers paced (an offered rate), so that \
+                     both send over the same phase"
+                        .into(),
+                );
+            }
+            if !(self.light_mbit.is_finite() && self.light_pps() * self.seconds >= 1.0) {
+                return Err(
+                    "star: each light peer's rate must send at least one packet in the phase"
+                        .into(),
+                );
+            }
+        }
         if self.storm_peers > 0 && self.shared_source {
             return Err("star: a storm during the phase needs a source address per peer".into());
         }
         storm::check(self.peers, self.storm_peers)
     }
 
-    /// Packets each peer sends in a receive run, within the cap on sealed memory.
-    pub(crate) fn per_peer(&self) -> Result<usize> {
+    /// Packets each heavy peer and each light peer sends in a receive run, within the
+    /// cap on sealed memory.
+    pub(crate) fn per_peer(&self) -> Result<(usize, usize)> {
         let outer = generator::message_len(self.size);
         let cap = self.sealed_max_mib << 20;
+        let heavy = self.heavy_peers().max(1);
+        let light = match self.light_peers {
+            0 => 0,
+            _ => (self.light_pps() * self.seconds).ceil() as usize,
+        };
+        let light_bytes = light * self.light_peers * outer;
         match self.offered_pps {
             Some(r) => {
-                let per_peer = (r * self.seconds / self.peers as f64).ceil() as usize;
-                let need = per_peer.max(1) * self.peers * outer;
+                let per_peer = ((r * self.seconds / heavy as f64).ceil() as usize).max(1);
+                let need = per_peer * heavy * outer + light_bytes;
                 if need > cap {
                     return Err(format!(
-                        "star: this run needs {} MiB of sealed packets ({} peers × {per_peer} \
-                         packets × {outer} bytes), more than the cap of {} MiB: shorten it, \
-                         lower the rate, or raise --sealed-max-mib",
+                        "star: this run needs {} MiB of sealed packets ({heavy} peers × \
+                         {per_peer} packets × {outer} bytes, and {light_bytes} bytes for the \
+                         light peers), more than the cap of {} MiB: shorten it, lower the \
+                         rate, or raise --sealed-max-mib",
                         need >> 20,
-                        self.peers,
                         self.sealed_max_mib
                     )
                     .into());
                 }
-                Ok(per_peer.max(1))
+                Ok((per_peer, light))
             }
             None => {
-                let per_peer = cap / (self.peers * outer);
+                let per_peer = cap.saturating_sub(light_bytes) / (heavy * outer);
                 if per_peer == 0 {
                     return Err(format!(
-                        "star: {} MiB of sealed packets cannot hold one packet per peer for {} \
-                         peers; raise --sealed-max-mib",
-                        self.sealed_max_mib, self.peers
+                        "star: {} MiB of sealed packets cannot hold one packet per peer for \
+                         {heavy} peers; raise --sealed-max-mib",
+                        self.sealed_max_mib
                     )
                     .into());
                 }
-                Ok(per_peer)
+                Ok((per_peer, light))
             }
         }
     }
