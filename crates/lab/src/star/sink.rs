@@ -111,8 +111,11 @@ pub fn sink(
     let mut r = SinkReport::default();
     let mut batch = RecvBatch::new(64, 65536);
     let deadline = Instant::now() + limit;
+    // When the sink last read anything (`r.last` is when it last arrived): a backlog
+    // being drained is not quiet.
+    let mut last_read: Option<Instant> = None;
     while Instant::now() < deadline {
-        let idle = r.last.is_none_or(|l| l.elapsed() >= quiet);
+        let idle = last_read.is_none_or(|l| l.elapsed() >= quiet);
         if stop.load(Ordering::Acquire) && idle {
             break;
         }
@@ -124,14 +127,24 @@ pub fn sink(
                 Err(e) => return Err(e.into()),
             };
             got_any = true;
-            let now = Instant::now();
+            let (now, now_real_ns) = (Instant::now(), realtime_ns());
+            last_read = Some(now);
             let start = t0.get().copied().filter(|_| paced);
             for k in 0..got {
                 let Some(d) = batch.datagram(k) else { continue };
+                // When it reached our socket: the sink's own backlog (it shares the
+                // cores with a saturated gateway) is not the gateway's delay, nor
+                // part of the phase. The kernel's stamp is wall-clock time; only its
+                // distance from now is used.
+                let waited = match d.rx_time_ns {
+                    0 => 0,
+                    t => now_real_ns.saturating_sub(t),
+                };
+                let arrived = now.checked_sub(Duration::from_nanos(waited)).unwrap_or(now);
                 for payload in d.datagrams() {
                     r.received += 1;
-                    r.first.get_or_insert(now);
-                    r.last = Some(now);
+                    r.first = Some(r.first.map_or(arrived, |f| f.min(arrived)));
+                    r.last = Some(r.last.map_or(arrived, |l| l.max(arrived)));
                     let Some(stamp) = inner::read_payload(payload) else {
                         r.corrupted += 1;
                         continue;
@@ -143,7 +156,7 @@ pub fn sink(
                     trackers[stamp.peer as usize].record(stamp.seq);
                     if let Some(t0) = start {
                         let due = t0 + Duration::from_nanos(stamp.scheduled_ns);
-                        let delay = now.saturating_duration_since(due).as_nanos() as u64;
+                        let delay = arrived.saturating_duration_since(due).as_nanos() as u64;
                         match stamp.peer as usize >= light_from {
                             true => r.light_delay.record(delay),
                             false => r.delay.record(delay),
@@ -169,6 +182,13 @@ pub fn sink(
         .map(|(s, drops0)| u64::from(socket_drops(s.fd()).unwrap_or(0).wrapping_sub(*drops0)))
         .sum();
     Ok(r)
+}
+
+/// CLOCK_REALTIME in ns, as the kernel stamps arrivals (`SO_TIMESTAMPNS`).
+fn realtime_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
 }
 
 /// Waits until any of the sink's sockets is readable, or `timeout_ms` passes.
