@@ -233,7 +233,8 @@ pub fn handshake_loop(hub: &HandshakeHub, sched: &dyn Scheduler, stop: &Receiver
     }
 }
 
-/// The timer thread: every [`TIMER_TICK`] runs every interface's due protocol timers,
+/// The timer thread: every [`TIMER_TICK`] runs every interface's due protocol timers
+/// and re-sizes its receive budget (`budget`),
 /// and hands rtnetlink's notifications (the runtime's `monitor`) to every interface's
 /// `NetWatch` as soon as they arrive. The interface list is read afresh each round, so
 /// interfaces come and go freely.
@@ -263,8 +264,10 @@ pub fn timer_loop(
             _ => return,
         }
         if Instant::now() >= next_tick {
+            let now = Instant::now();
             for iface in list().iter().filter(|i| !i.stopping()) {
                 stages::timers::run_due(StageCtx { iface, sched });
+                iface.budgets.rx.resize(now);
             }
             next_tick = Instant::now() + TIMER_TICK;
         }
