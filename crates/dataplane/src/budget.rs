@@ -47,9 +47,9 @@ pub const RX_BUDGET_PACKETS: usize = 8192;
 /// the standing delay a queue may keep.
 pub const RX_BUDGET_TARGET: Duration = Duration::from_millis(5);
 
-/// The receive budget's floor: several full reads of a reader (16 coalesced buffers
-/// of up to 45 datagrams), so that a reader is never held back by a limit sized in a
-/// quiet moment for longer than the workers need to drain one read.
+/// The receive budget's floor: more than one full read of a reader (16 coalesced
+/// buffers of up to 45 datagrams, 720 packets), so that a limit sized in a quiet
+/// moment holds a reader back no longer than the workers take to drain one read.
 pub const RX_BUDGET_MIN_PACKETS: usize = 1024;
 
 /// Packets an interface's transmit queues hold at most together (8 MiB of buffers):
