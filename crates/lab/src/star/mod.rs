@@ -282,7 +282,7 @@ fn measure(which: Impl, spec: &StarSpec, rec: &mut StarRecord) -> Result<()> {
             size: gen_spec.size,
             total_pps: pps,
             family: gen_spec.family,
-            blackhole: gen_spec.sink == sink::SinkKind::Blackhole,
+            blackhole,
             max_burst,
         };
         let heavy = gen_spec.heavy_peers();

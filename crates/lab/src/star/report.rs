@@ -51,6 +51,11 @@ pub fn load(path: &Path) -> Result<Vec<StarRecord>> {
         .collect()
 }
 
+/// The share of `sent` not delivered, %; None when nothing was sent.
+fn lost_pct(sent: u64, delivered: u64) -> Option<f64> {
+    (sent > 0).then(|| 100.0 * sent.saturating_sub(delivered) as f64 / sent as f64)
+}
+
 fn fmt(v: Option<f64>, digits: usize) -> String {
     v.map_or("–".into(), |v| format!("{v:.digits$}"))
 }
@@ -80,10 +85,7 @@ pub fn table(records: &[StarRecord], cpu: &str) -> String {
         };
         let floor = m(&|r| Some(r.aead_floor_s_per_gb));
         let per_gb = m(&|r| r.cpu_s_per_gb);
-        let lost = m(&|r| {
-            let sent = r.sent + r.unsent;
-            (sent > 0).then(|| 100.0 * sent.saturating_sub(r.delivered) as f64 / sent as f64)
-        });
+        let lost = m(&|r| lost_pct(r.sent + r.unsent, r.delivered));
         let wrong = match shape.sink {
             super::sink::SinkKind::Blackhole => "unchecked".to_string(),
             super::sink::SinkKind::Socket => runs
@@ -112,11 +114,7 @@ pub fn table(records: &[StarRecord], cpu: &str) -> String {
             fmt(m(&|r| r.delay_p99_us.map(|d| d / 1e3)), 2),
             fmt(m(&|r| r.light.as_ref()?.delay_p99_us.map(|d| d / 1e3)), 2),
             fmt(
-                m(&|r| {
-                    let l = r.light.as_ref()?;
-                    (l.sent > 0)
-                        .then(|| 100.0 * l.sent.saturating_sub(l.delivered) as f64 / l.sent as f64)
-                }),
+                m(&|r| r.light.as_ref().and_then(|l| lost_pct(l.sent, l.delivered))),
                 2,
             ),
             fmt(m(&|r| r.peak_rss_kib.map(|k| k as f64 / 1024.0)), 0),

@@ -244,16 +244,13 @@ pub fn count_blackholed(
     Ok(r)
 }
 
-/// The packets the kernel received from `tun` (what the gateway wrote to it), from
-/// the calling thread's own namespace (`/proc/thread-self/net/dev`).
+/// The packets the kernel received from `tun` (what the gateway wrote to it), in the
+/// calling thread's own namespace.
 fn tun_received(tun: &str) -> Result<u64> {
-    let dev = std::fs::read_to_string("/proc/thread-self/net/dev")?;
-    dev.lines()
-        .skip(2)
-        .filter_map(|l| l.split_once(':'))
-        .find(|(name, _)| name.trim() == tun)
-        // Receive counters first: bytes, packets, ...
-        .and_then(|(_, counters)| counters.split_whitespace().nth(1)?.parse().ok())
+    crate::workload::udp::net_dev_here()?
+        .into_iter()
+        .find(|(name, _)| name == tun)
+        .and_then(|(_, counters)| counters.get(1).copied())
         .ok_or_else(|| format!("no receive counter for {tun} in /proc/net/dev").into())
 }
 

@@ -92,20 +92,32 @@ impl SeqTracker {
     }
 }
 
-/// Transmit drops summed over every interface of the calling thread's network
-/// namespace (`/proc/thread-self/net/dev`, the thread's own namespace).
-fn transmit_drops_here() -> Result<u64> {
+/// Every interface of the calling thread's network namespace with its counters, as
+/// `/proc/thread-self/net/dev` (the thread's own namespace) lists them: eight receive
+/// counters (bytes, packets, errs, drop, ...), then eight transmit ones.
+pub(crate) fn net_dev_here() -> Result<Vec<(String, Vec<u64>)>> {
     let dev = std::fs::read_to_string("/proc/thread-self/net/dev")?;
-    let mut total = 0;
+    let mut out = Vec::new();
     for line in dev.lines().skip(2) {
-        let Some((_, counters)) = line.split_once(':') else {
+        let Some((name, counters)) = line.split_once(':') else {
             continue;
         };
-        // Eight receive counters, then transmit: bytes, packets, errs, drop, ...
-        let drop = counters.split_whitespace().nth(11);
-        total += drop
-            .and_then(|d| d.parse::<u64>().ok())
-            .ok_or("unreadable net/dev")?;
+        let counters = counters
+            .split_whitespace()
+            .map(|c| c.parse::<u64>())
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(|_| "unreadable net/dev")?;
+        out.push((name.trim().to_string(), counters));
+    }
+    Ok(out)
+}
+
+/// Transmit drops summed over every interface of the calling thread's network
+/// namespace.
+fn transmit_drops_here() -> Result<u64> {
+    let mut total = 0;
+    for (_, counters) in net_dev_here()? {
+        total += counters.get(11).ok_or("unreadable net/dev")?;
     }
     Ok(total)
 }
