@@ -37,8 +37,9 @@ pub struct Packet {
     /// TX: the MTU of a route with its own that the packet follows, which its padding
     /// respects; 0 for the device's.
     pub route_mtu: u32,
-    /// RX: when the kernel received the datagram (CLOCK_REALTIME ns), 0 if unknown.
-    pub rx_time_ns: u64,
+    /// When it reached this interface (CLOCK_REALTIME ns), 0 if unknown: RX the
+    /// kernel's receive stamp of its datagram, TX its read from the TUN.
+    pub arrival_ns: u64,
     /// The outer header's ECN field: RX as it arrived, TX as it will be sent (chosen
     /// at encryption).
     pub outer_ecn: u8,
@@ -65,7 +66,7 @@ impl Packet {
             src: None,
             local: None,
             route_mtu: 0,
-            rx_time_ns: 0,
+            arrival_ns: 0,
             outer_ecn: 0,
             queued_behind: false,
             ok: false,

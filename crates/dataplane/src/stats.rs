@@ -18,6 +18,9 @@ macro_rules! counters {
             /// of two microseconds: bucket `i` counts sojourns in `[2^(i-1), 2^i)` µs,
             /// bucket 0 those under 1 µs, the last everything longer.
             pub rx_sojourn_hist: [AtomicU64; SOJOURN_HIST_BUCKETS],
+            /// Transmitted packets by sojourn (see `tx_sojourn_ns`), in the buckets of
+            /// `rx_sojourn_hist`.
+            pub tx_sojourn_hist: [AtomicU64; SOJOURN_HIST_BUCKETS],
         }
 
         impl Stats {
@@ -30,6 +33,9 @@ macro_rules! counters {
                 }
                 for (i, b) in self.rx_sojourn_hist.iter().enumerate() {
                     v.push((format!("rx_sojourn_hist_us_{}", hist_lower_bound(i)), b.load(Ordering::Relaxed)));
+                }
+                for (i, b) in self.tx_sojourn_hist.iter().enumerate() {
+                    v.push((format!("tx_sojourn_hist_us_{}", hist_lower_bound(i)), b.load(Ordering::Relaxed)));
                 }
                 v
             }
@@ -61,6 +67,12 @@ counters! {
     tx_fq_dequeued,
     tx_fq_sojourn_ns,
     tx_fq_sojourn_max_ns,
+    /// Packets sent with their TUN read time, the sum of their sojourn times from it
+    /// to the send (flow queues, staging, the ordered queue and the crypt stage; the
+    /// mean is the quotient), and the longest seen.
+    tx_timed,
+    tx_sojourn_ns,
+    tx_sojourn_max_ns,
     /// Datagrams that are not WireGuard messages at all.
     rx_malformed,
     /// Transport messages for an unknown receiver index or an expired keypair.
@@ -141,6 +153,42 @@ pub fn sojourn_bucket(ns: u64) -> usize {
     ((u64::BITS - us.leading_zeros()) as usize).min(SOJOURN_HIST_BUCKETS - 1)
 }
 
+/// Sojourn times of one run of packets, summed before the counters are touched once.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct SojournTally {
+    pub timed: u64,
+    pub sum_ns: u64,
+    pub max_ns: u64,
+    pub hist: [u64; SOJOURN_HIST_BUCKETS],
+}
+
+impl SojournTally {
+    /// Counts a packet that arrived at `arrival_ns` and left at `now_ns` (wall clock;
+    /// a clock that stepped back gives a sojourn of none).
+    pub fn add(&mut self, arrival_ns: u64, now_ns: u64) {
+        let ns = now_ns.saturating_sub(arrival_ns);
+        self.timed += 1;
+        self.sum_ns += ns;
+        self.max_ns = self.max_ns.max(ns);
+        self.hist[sojourn_bucket(ns)] += 1;
+    }
+
+    /// Adds the tally to one direction's counters.
+    fn record(&self, timed: &AtomicU64, sum: &AtomicU64, max: &AtomicU64, hist: &[AtomicU64]) {
+        if self.timed == 0 {
+            return;
+        }
+        timed.fetch_add(self.timed, Ordering::Relaxed);
+        sum.fetch_add(self.sum_ns, Ordering::Relaxed);
+        max.fetch_max(self.max_ns, Ordering::Relaxed);
+        for (counter, &n) in hist.iter().zip(&self.hist) {
+            if n > 0 {
+                counter.fetch_add(n, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
 /// The smallest value (packet count, or µs) bucket `i` holds.
 pub fn hist_lower_bound(i: usize) -> u64 {
     match i {
@@ -159,6 +207,26 @@ impl Stats {
     pub fn add_busy(&self, d: std::time::Duration) {
         self.busy_ns
             .fetch_add(d.as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    /// Records the sojourns of received packets delivered to the TUN.
+    pub fn record_rx_sojourns(&self, t: &SojournTally) {
+        t.record(
+            &self.rx_timed,
+            &self.rx_sojourn_ns,
+            &self.rx_sojourn_max_ns,
+            &self.rx_sojourn_hist,
+        );
+    }
+
+    /// Records the sojourns of packets sent to a peer.
+    pub fn record_tx_sojourns(&self, t: &SojournTally) {
+        t.record(
+            &self.tx_timed,
+            &self.tx_sojourn_ns,
+            &self.tx_sojourn_max_ns,
+            &self.tx_sojourn_hist,
+        );
     }
 
     /// Records one serial-stage invocation.

@@ -1,9 +1,10 @@
 //! What wirelane's queues did over a run (`stats=1`), per tunnel end: how long packets
-//! waited in each and what the CoDel controllers dropped or marked. The transmit figure
-//! is the flow queues' sojourn (before the nonce, `--queue fq-codel` only); the receive
-//! figure runs from the kernel's arrival timestamp to the TUN write, so it covers the
-//! UDP socket buffer, the crypt queue and the ordered queue; the handshake figure is
-//! the handshake lanes' wait. The lab reports them per cell beside the latency they
+//! waited in each and what the CoDel controllers dropped or marked. The transmit
+//! figures are the flow queues' sojourn (before the nonce, `--queue fq-codel` only) and
+//! the whole path's, from the TUN read to the send (flow queues, the ordered queue and
+//! the crypt stage); the receive figure runs from the kernel's arrival timestamp to the
+//! TUN write, so it covers the UDP socket buffer, the crypt queue and the ordered
+//! queue; the handshake figure is the handshake lanes' wait. The lab reports them per cell beside the latency they
 //! explain.
 
 use crate::record::RunRecord;
@@ -31,6 +32,14 @@ pub struct QueueSig {
     /// in [2^(i-1), 2^i) µs).
     #[serde(default)]
     pub rx_hist: Vec<u64>,
+    /// Packets sent with their TUN read time, their summed sojourn from it to the send,
+    /// and those sojourns by bucket (as `rx_hist`).
+    #[serde(default)]
+    pub tx_timed: u64,
+    #[serde(default)]
+    pub tx_path_sojourn_ns: u64,
+    #[serde(default)]
+    pub tx_hist: Vec<u64>,
     /// Handshake messages taken off the handshake lanes, and their summed wait there.
     #[serde(default)]
     pub hs_dequeued: u64,
@@ -42,6 +51,16 @@ impl QueueSig {
     /// Growth of the queue counters from `before` to `after`.
     pub fn between(before: &Snapshot, after: &Snapshot) -> QueueSig {
         let d = |k: &str| uapi::delta(before, after, k);
+        let hist = |dir: &str| -> Vec<u64> {
+            (0..)
+                .map(|i: u32| match i {
+                    0 => format!("{dir}_sojourn_hist_us_0"),
+                    i => format!("{dir}_sojourn_hist_us_{}", 1u64 << (i - 1)),
+                })
+                .take_while(|k| after.contains_key(k))
+                .map(|k| d(&k))
+                .collect()
+        };
         QueueSig {
             tx_dequeued: d("tx_fq_dequeued"),
             tx_sojourn_ns: d("tx_fq_sojourn_ns"),
@@ -54,14 +73,10 @@ impl QueueSig {
             rx_dropped: d("rx_codel_dropped"),
             rx_marked: d("rx_codel_marked"),
             rx_ce_not_ect: d("rx_ce_not_ect"),
-            rx_hist: (0..)
-                .map(|i: u32| match i {
-                    0 => "rx_sojourn_hist_us_0".to_string(),
-                    i => format!("rx_sojourn_hist_us_{}", 1u64 << (i - 1)),
-                })
-                .take_while(|k| after.contains_key(k))
-                .map(|k| d(&k))
-                .collect(),
+            rx_hist: hist("rx"),
+            tx_timed: d("tx_timed"),
+            tx_path_sojourn_ns: d("tx_sojourn_ns"),
+            tx_hist: hist("tx"),
             hs_dequeued: d("handshake_dequeued"),
             hs_sojourn_ns: d("handshake_sojourn_ns"),
         }
@@ -79,12 +94,10 @@ impl QueueSig {
         self.rx_dropped += o.rx_dropped;
         self.rx_marked += o.rx_marked;
         self.rx_ce_not_ect += o.rx_ce_not_ect;
-        if self.rx_hist.len() < o.rx_hist.len() {
-            self.rx_hist.resize(o.rx_hist.len(), 0);
-        }
-        for (a, b) in self.rx_hist.iter_mut().zip(&o.rx_hist) {
-            *a += b;
-        }
+        add_hist(&mut self.rx_hist, &o.rx_hist);
+        self.tx_timed += o.tx_timed;
+        self.tx_path_sojourn_ns += o.tx_path_sojourn_ns;
+        add_hist(&mut self.tx_hist, &o.tx_hist);
         self.hs_dequeued += o.hs_dequeued;
         self.hs_sojourn_ns += o.hs_sojourn_ns;
     }
@@ -92,16 +105,36 @@ impl QueueSig {
     /// The receive sojourn below which a share `q` of the packets stayed, in µs, as
     /// the upper bound of its histogram bucket (so within a factor of two).
     pub fn rx_quantile_us(&self, q: f64) -> Option<f64> {
-        let total: u64 = self.rx_hist.iter().sum();
-        let mut seen = 0;
-        for (i, n) in self.rx_hist.iter().enumerate() {
-            seen += n;
-            if total > 0 && seen as f64 >= q * total as f64 {
-                return Some((1u64 << i) as f64);
-            }
-        }
-        None
+        quantile_us(&self.rx_hist, q)
     }
+
+    /// The transmit path's sojourn below which a share `q` of the packets stayed, µs,
+    /// as `rx_quantile_us`.
+    pub fn tx_quantile_us(&self, q: f64) -> Option<f64> {
+        quantile_us(&self.tx_hist, q)
+    }
+}
+
+fn add_hist(sum: &mut Vec<u64>, o: &[u64]) {
+    if sum.len() < o.len() {
+        sum.resize(o.len(), 0);
+    }
+    for (a, b) in sum.iter_mut().zip(o) {
+        *a += b;
+    }
+}
+
+/// The upper bound of the power-of-two µs bucket that a share `q` of `hist` falls in.
+fn quantile_us(hist: &[u64], q: f64) -> Option<f64> {
+    let total: u64 = hist.iter().sum();
+    let mut seen = 0;
+    for (i, n) in hist.iter().enumerate() {
+        seen += n;
+        if total > 0 && seen as f64 >= q * total as f64 {
+            return Some((1u64 << i) as f64);
+        }
+    }
+    None
 }
 
 /// Both ends of a run together; None for a run without wirelane's queue counters.
@@ -110,7 +143,7 @@ fn both_ends(r: &RunRecord) -> Option<QueueSig> {
     for s in &r.signatures {
         sum.add(&s.queues);
     }
-    (sum.rx_timed > 0 || sum.tx_dequeued > 0).then_some(sum)
+    (sum.rx_timed > 0 || sum.tx_dequeued > 0 || sum.tx_timed > 0).then_some(sum)
 }
 
 /// Seconds the daemons' threads waited for a CPU per second they ran: above 1, every
@@ -121,7 +154,7 @@ fn runqueue_wait_per_cpu_s(r: &RunRecord) -> Option<f64> {
     (cpu > 0.0 && wait > 0.0).then(|| wait / cpu)
 }
 
-const HEADER: [&str; 12] = [
+const HEADER: [&str; 14] = [
     "cell",
     "implementation",
     "RX sojourn mean µs",
@@ -129,6 +162,8 @@ const HEADER: [&str; 12] = [
     "RX sojourn p99 µs (≤)",
     "RX sojourn max µs",
     "TX flow-queue sojourn mean µs",
+    "TX sojourn mean µs",
+    "TX sojourn p99 µs (≤)",
     "handshake lane wait mean µs",
     "CoDel drops/s",
     "CoDel CE marks/s",
@@ -155,6 +190,12 @@ pub fn table(g: &Grouped<'_>, impl_order: &[String]) -> String {
                 .filter(|q| q.tx_dequeued > 0)
                 .map(|q| q.tx_sojourn_ns as f64 / q.tx_dequeued as f64 / 1e3)
         });
+        let tx_path_mean = med(|r| {
+            both_ends(r)
+                .filter(|q| q.tx_timed > 0)
+                .map(|q| q.tx_path_sojourn_ns as f64 / q.tx_timed as f64 / 1e3)
+        });
+        let tx_path_p99 = med(|r| both_ends(r).and_then(|q| q.tx_quantile_us(0.99)));
         let hs_mean = med(|r| {
             both_ends(r)
                 .filter(|q| q.hs_dequeued > 0)
@@ -174,6 +215,8 @@ pub fn table(g: &Grouped<'_>, impl_order: &[String]) -> String {
             f(rx_p99),
             f(rx_max),
             f(tx_mean),
+            f(tx_path_mean),
+            f(tx_path_p99),
             f(hs_mean),
             f(drops),
             f(marks),
@@ -183,8 +226,8 @@ pub fn table(g: &Grouped<'_>, impl_order: &[String]) -> String {
     });
     markdown_table(
         "Queues (wirelane only; both ends, medians): receive sojourn from the kernel's \
-         arrival time to the TUN write, transmit flow-queue sojourn, the handshake lanes' \
-         wait, controller verdicts, and how long the daemons' threads waited for a CPU:",
+         arrival time to the TUN write, transmit flow-queue sojourn and the transmit \
+         path's from the TUN read to the send, the handshake lanes' wait, controller verdicts, and how long the daemons' threads waited for a CPU:",
         &HEADER,
         &rows,
     )
@@ -195,7 +238,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn growth_and_quantiles_of_the_receive_sojourn() {
+    fn growth_and_quantiles_of_the_receive_and_transmit_sojourns() {
         let snap = |n: u64| -> Snapshot {
             [
                 ("rx_timed", 100 * n),
@@ -206,6 +249,12 @@ mod tests {
                 ("rx_sojourn_hist_us_1", 90 * n),
                 ("rx_sojourn_hist_us_2", 9 * n),
                 ("rx_sojourn_hist_us_4", n),
+                ("tx_timed", 10 * n),
+                ("tx_sojourn_ns", 70_000 * n),
+                ("tx_sojourn_hist_us_0", 0),
+                ("tx_sojourn_hist_us_1", 0),
+                ("tx_sojourn_hist_us_2", 0),
+                ("tx_sojourn_hist_us_4", 10 * n),
             ]
             .into_iter()
             .map(|(k, v)| (k.to_string(), v))
@@ -225,5 +274,8 @@ mod tests {
         assert_eq!(q.rx_quantile_us(0.5), Some(2.0));
         assert_eq!(q.rx_quantile_us(0.99), Some(4.0));
         assert_eq!(QueueSig::default().rx_quantile_us(0.5), None);
+        assert_eq!((q.tx_timed, q.tx_path_sojourn_ns), (20, 140_000));
+        assert_eq!(q.tx_hist, [0, 0, 0, 20]);
+        assert_eq!(q.tx_quantile_us(0.99), Some(8.0));
     }
 }

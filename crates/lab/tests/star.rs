@@ -126,13 +126,13 @@ fn star_50_dual_stack_receive_delivers_every_packet_once_intact() {
 
 #[test]
 fn star_50_dual_stack_transmit_delivers_every_packet_once_intact() {
-    assert_transmitted_whole(&star50_with(
-        Way::Tx,
-        5_000.0,
-        0,
-        Family::Dual,
-        SinkKind::Socket,
-    ));
+    let rec = star50_with(Way::Tx, 5_000.0, 0, Family::Dual, SinkKind::Socket);
+    assert_transmitted_whole(&rec);
+    // The gateway timed every packet it sent from its TUN read (`tx_sojourn_ns`), and
+    // a sojourn has a histogram bucket for each of them.
+    let q = &rec.signatures.as_ref().expect("wirelane's counters").queues;
+    assert!(q.tx_timed >= rec.delivered, "{q:?}");
+    assert_eq!(q.tx_hist.iter().sum::<u64>(), q.tx_timed, "{q:?}");
 }
 
 /// The blackhole sink counts at the gateway's TUN device what the socket sink counts

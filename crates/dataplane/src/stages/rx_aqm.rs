@@ -23,7 +23,7 @@ use crate::fq_codel::QueueDiscipline;
 use crate::inner;
 use crate::interface::Interface;
 use crate::packet::{Packet, HEADROOM};
-use crate::stats::{sojourn_bucket, Stats, SOJOURN_HIST_BUCKETS};
+use crate::stats::{SojournTally, Stats};
 use std::sync::atomic::Ordering;
 
 /// What one delivery run decided, summed before the counters are touched once.
@@ -32,10 +32,7 @@ pub struct Tally {
     pub ce_not_ect: u64,
     pub dropped: u64,
     pub marked: u64,
-    pub timed: u64,
-    pub sojourn_ns: u64,
-    pub sojourn_max_ns: u64,
-    pub hist: [u64; SOJOURN_HIST_BUCKETS],
+    pub sojourn: SojournTally,
 }
 
 /// Applies ECN decapsulation and the controller to `packets[i]` for each `(i, len)` of
@@ -75,15 +72,12 @@ pub fn judge_all(
             t.ce_not_ect += 1;
             return false;
         }
-        if p.rx_time_ns == 0 {
+        if p.arrival_ns == 0 {
             return true;
         }
         // The wall clock may step back; a negative sojourn counts as none.
-        let sojourn = now.saturating_sub(p.rx_time_ns);
-        t.timed += 1;
-        t.sojourn_ns += sojourn;
-        t.sojourn_max_ns = t.sojourn_max_ns.max(sojourn);
-        t.hist[sojourn_bucket(sojourn)] += 1;
+        let sojourn = now.saturating_sub(p.arrival_ns);
+        t.sojourn.add(p.arrival_ns, now);
         let Some((codel, params)) = codel.as_mut() else {
             return true;
         };
@@ -106,22 +100,12 @@ fn record(s: &Stats, t: &Tally) {
         (&s.rx_ce_not_ect, t.ce_not_ect),
         (&s.rx_codel_dropped, t.dropped),
         (&s.rx_codel_marked, t.marked),
-        (&s.rx_timed, t.timed),
-        (&s.rx_sojourn_ns, t.sojourn_ns),
     ] {
         if n > 0 {
             counter.fetch_add(n, Ordering::Relaxed);
         }
     }
-    for (counter, &n) in s.rx_sojourn_hist.iter().zip(&t.hist) {
-        if n > 0 {
-            counter.fetch_add(n, Ordering::Relaxed);
-        }
-    }
-    if t.sojourn_max_ns > 0 {
-        s.rx_sojourn_max_ns
-            .fetch_max(t.sojourn_max_ns, Ordering::Relaxed);
-    }
+    s.record_rx_sojourns(&t.sojourn);
 }
 
 #[cfg(test)]

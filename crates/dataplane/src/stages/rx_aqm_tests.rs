@@ -4,9 +4,9 @@ use super::*;
 
 const MS: u64 = 1_000_000;
 
-/// A decrypted IPv4 packet with TOS `tos`, received at `rx_time_ns` with outer ECN
+/// A decrypted IPv4 packet with TOS `tos`, received at `arrival_ns` with outer ECN
 /// field `outer_ecn`.
-fn received(tos: u8, rx_time_ns: u64, outer_ecn: u8) -> Packet {
+fn received(tos: u8, arrival_ns: u64, outer_ecn: u8) -> Packet {
     let mut ip = [0u8; 40];
     ip[0] = 0x45;
     ip[1] = tos;
@@ -15,7 +15,7 @@ fn received(tos: u8, rx_time_ns: u64, outer_ecn: u8) -> Packet {
     ip[9] = 17;
     ip[12..20].copy_from_slice(&[10, 0, 0, 1, 10, 0, 0, 2]);
     let mut p = Packet::from_plaintext(&[&ip]);
-    p.rx_time_ns = rx_time_ns;
+    p.arrival_ns = arrival_ns;
     p.outer_ecn = outer_ecn;
     p
 }
@@ -59,11 +59,14 @@ fn sojourn_is_counted_from_the_arrival_time_without_a_controller() {
     let mut keep = all(&packets);
     let t = judge_all(None, now, &mut packets, &mut keep);
     assert_eq!(keep.len(), 4, "nothing is dropped without a controller");
-    assert_eq!(t.timed, 3);
-    assert_eq!(t.sojourn_ns, 3 * MS + 200_000);
-    assert_eq!(t.sojourn_max_ns, 3 * MS);
+    assert_eq!(t.sojourn.timed, 3);
+    assert_eq!(t.sojourn.sum_ns, 3 * MS + 200_000);
+    assert_eq!(t.sojourn.max_ns, 3 * MS);
     // 3 ms falls in [2048, 4096) µs, 200 µs in [128, 256) µs, 0 in the first bucket.
-    assert_eq!((t.hist[12], t.hist[8], t.hist[0]), (1, 1, 1));
+    assert_eq!(
+        (t.sojourn.hist[12], t.sojourn.hist[8], t.sojourn.hist[0]),
+        (1, 1, 1)
+    );
 }
 
 /// `judge_all` with an RFC-default controller on every packet of `packets`; the tally
@@ -86,7 +89,7 @@ fn run(codel: &mut Codel, tos: u8, wait: u64, from: u64, until: u64) -> Tally {
         assert_eq!(keep.is_empty(), t.dropped == 1);
         sum.dropped += t.dropped;
         sum.marked += t.marked;
-        sum.timed += t.timed;
+        sum.sojourn.timed += t.sojourn.timed;
         now += 100_000;
     }
     sum
@@ -97,7 +100,7 @@ fn the_controller_drops_not_ect_and_marks_ect_after_an_interval_above_target() {
     // 2 ms of sojourn is under the 5 ms target: never touched.
     let mut codel = Codel::default();
     let t = run(&mut codel, 0, 2 * MS, 10 * MS, 510 * MS);
-    assert_eq!((t.dropped, t.marked, t.timed), (0, 0, 5000));
+    assert_eq!((t.dropped, t.marked, t.sojourn.timed), (0, 0, 5000));
 
     // 8 ms for half a second: nothing in the first interval, then drops.
     let t = run(&mut codel, 0, 8 * MS, 510 * MS, 600 * MS);

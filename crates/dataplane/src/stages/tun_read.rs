@@ -1,7 +1,8 @@
 //! Stage TX-1, tun read. Input: the TUN device. Output: a vector of plaintext IP
 //! packets in the order the kernel handed them to us. With offloads on, TCP (TSO) and
 //! UDP (USO) super-packets are split into MTU-sized segments here (checksums
-//! completed), so every later stage sees ordinary packets. Runs on one reader at a time per queue.
+//! completed), so every later stage sees ordinary packets, each stamped with the time
+//! of its read (the transmit sojourn's start). Runs on one reader at a time per queue.
 
 use crate::interface::Interface;
 use crate::packet::{Packet, MAX_BATCH};
@@ -46,6 +47,12 @@ pub fn read_batch(dev: &Interface, scratch: &mut [u8]) -> io::Result<Vec<Packet>
         if !split_ok {
             dev.stats.tx_dropped.fetch_add(1, Ordering::Relaxed);
         }
+    }
+    // One clock read per batch: the reads of one batch take microseconds, the
+    // sojourns it measures (`tx_flush`) milliseconds.
+    let now = dev.wall().as_nanos() as u64;
+    for p in &mut out {
+        p.arrival_ns = now;
     }
     Ok(out)
 }

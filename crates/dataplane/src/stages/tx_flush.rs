@@ -3,7 +3,8 @@
 //! bookkeeping. Runs of equal-sized datagrams with one outer ECN field (RFC 6040
 //! encapsulation, chosen at `encrypt`) go out as one UDP GSO send (UDP_SEGMENT); where
 //! the kernel refuses that, sendmmsg. Runs as one work item per peer at a time
-//! (see `OrderedQueue`). With `--queue fq-codel` it then pumps the peer's flow queues
+//! (see `OrderedQueue`). Each packet sent counts its sojourn since its TUN read
+//! (`tx_sojourn_ns`). With `--queue fq-codel` it then pumps the peer's flow queues
 //! into the room it made (`fq::pump`).
 
 use super::nonce::step;
@@ -12,6 +13,7 @@ use crate::fq_codel::QueueDiscipline;
 use crate::peer::Peer;
 use crate::ports::UdpPort;
 use crate::queue::Drained;
+use crate::stats::SojournTally;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -85,6 +87,8 @@ pub fn flush(c: StageCtx<'_>, peer: &Arc<Peer>, budget: usize) -> Drained {
     let dev = c.iface;
     let mut sent_data = false;
     let mut sent_any = false;
+    let mut sojourns = SojournTally::default();
+    let now = dev.wall().as_nanos() as u64;
     let drained = peer.tx_queue.drain(budget, |batch| {
         if peer.is_removed() {
             return;
@@ -109,6 +113,12 @@ pub fn flush(c: StageCtx<'_>, peer: &Arc<Peer>, budget: usize) -> Drained {
             return;
         };
         let n = send_all(&**sock, &dgrams, ep, src);
+        // The packets sent are the first `n` of those sealed; keepalives carry no
+        // read time.
+        let sent = body.packets.iter().filter(|p| p.ok).take(n);
+        for p in sent.filter(|p| p.arrival_ns != 0) {
+            sojourns.add(p.arrival_ns, now);
+        }
         let bytes: usize = dgrams[..n].iter().map(|d| d.0.len()).sum();
         peer.tx_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
         sent_any |= n > 0;
@@ -116,6 +126,7 @@ pub fn flush(c: StageCtx<'_>, peer: &Arc<Peer>, budget: usize) -> Drained {
         sent_data |= dgrams[..n].iter().any(|d| d.0.len() > 32);
     });
     dev.stats.record_serial_run(&drained);
+    dev.stats.record_tx_sojourns(&sojourns);
     if sent_any {
         step(c, peer, |state, ctx, _| state.on_sent(ctx, sent_data));
     }

@@ -43,7 +43,7 @@ pub fn recv_batch(sock: &dyn UdpPort, s: &mut RecvScratch) -> io::Result<Vec<Pac
     let n = match sock.recv_each(&mut s.batch, &mut |r| {
         out.extend(r.datagrams().map(|d| {
             let mut p = Packet::from_datagram(d, r.src, r.local);
-            p.rx_time_ns = r.rx_time_ns;
+            p.arrival_ns = r.rx_time_ns;
             p.outer_ecn = r.ecn;
             p
         }));
