@@ -28,7 +28,7 @@ use wirelane_io::poll::{wait_readable, wait_readable_any, Ready, Waker};
 /// never waits for it: the interface's waker wakes every poller at once.
 const IDLE_CHECK: Duration = Duration::from_millis(200);
 /// Timer resolution: well under the 333 ms of handshake jitter.
-const TIMER_TICK: Duration = Duration::from_millis(10);
+pub const TIMER_TICK: Duration = Duration::from_millis(10);
 /// Nice value of the handshake thread and the handshake sockets' readers. The thread's
 /// every message costs Diffie-Hellman work (the gate answered the rest), and a flood
 /// can fill the lanes with such work before under-load mode begins; the readers carry
@@ -268,6 +268,7 @@ pub fn timer_loop(
             for iface in list().iter().filter(|i| !i.stopping()) {
                 stages::timers::run_due(StageCtx { iface, sched });
                 iface.budgets.rx.resize(now);
+                iface.budgets.tx.resize(now);
             }
             next_tick = Instant::now() + TIMER_TICK;
         }

@@ -182,11 +182,12 @@ impl<T: Ordered> OrderedQueue<T> {
         true
     }
 
-    /// Takes `n` packets off the counts (with the lock held).
+    /// Takes `n` packets off the counts (with the lock held). This queue is the last
+    /// under its budget, so they count as drained.
     fn count_out(&self, n: usize) {
         self.packets.fetch_sub(n, Ordering::Relaxed);
         if let Some(b) = &self.budget {
-            b.sub(n);
+            b.drain(n);
         }
     }
 

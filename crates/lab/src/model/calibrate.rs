@@ -282,6 +282,7 @@ pub fn fit_direction(obs: &[(&Observation, Overhead)]) -> Result<StageCosts> {
 
 /// wirelane's fixed arrangement (the daemon's constants), on `cores` cores.
 pub fn wirelane_platform(cores: usize) -> Platform {
+    use wirelane_dataplane::budget;
     Platform {
         cores,
         pool: Pool::Shared,
@@ -294,7 +295,9 @@ pub fn wirelane_platform(cores: usize) -> Platform {
         socket_packets: 4096,
         crypt_ring_packets: 0,
         peer_queue_packets: 1024,
-        inflight_packets: wirelane_dataplane::budget::RX_BUDGET_PACKETS,
+        inflight_packets: budget::BUDGET_MAX_PACKETS,
+        inflight_min_packets: budget::BUDGET_MIN_PACKETS,
+        inflight_target_us: budget::BUDGET_TARGET.as_secs_f64() * 1e6,
         serial_threads_max: wirelane_dataplane::exec::threaded::MAX_SERIAL_THREADS,
         rss_skew: 0.0,
         line_gbit: 0.0,

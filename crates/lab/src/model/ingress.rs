@@ -154,7 +154,7 @@ impl Pipeline {
                 arrived,
             });
             pe.queued += n as usize;
-            pipe.inflight += n as usize;
+            pipe.inflight.add(n as usize);
             pipe.crypt_ring += n as usize;
             sim.ctxs[ctx].work_debt_ns += pipe.costs.reader_item_ns;
             if shortcut_left && Self::shortcut(sim, ctx, n as usize) {

@@ -15,6 +15,7 @@
 pub mod calibrate;
 pub mod cli;
 pub mod engine;
+mod inflight;
 mod ingress;
 pub mod outcome;
 pub mod params;

@@ -129,8 +129,16 @@ pub struct Platform {
     /// Each peer's ordered queue, packets.
     pub peer_queue_packets: usize,
     /// Packets in flight between reader and serial stage over all peers before the
-    /// reader waits for room (wirelane's receive budget); 0: no such bound.
+    /// reader waits for room (wirelane's interface budget), at most; 0: no such bound.
     pub inflight_packets: usize,
+    /// The budget's floor when it is sized by drain rate, packets.
+    #[serde(default)]
+    pub inflight_min_packets: usize,
+    /// The work the budget holds at its drain rate, µs (wirelane's
+    /// `budget::BUDGET_TARGET`), re-sized every timer tick; 0: the bound stays at
+    /// `inflight_packets`.
+    #[serde(default)]
+    pub inflight_target_us: f64,
     /// Most serial threads the `threaded` model starts; past it peers share them.
     pub serial_threads_max: usize,
     /// Extra share of the first host queue over the others (RSS hash imbalance): 1.0

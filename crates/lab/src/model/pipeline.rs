@@ -160,7 +160,7 @@ pub struct Pipeline {
     pub(super) softirq_list: Vec<VecDeque<Pollable>>,
     pub(super) poller_list: Vec<VecDeque<u32>>,
     pub(super) thread_peers: Vec<VecDeque<u32>>,
-    pub(super) inflight: usize,
+    pub(super) inflight: super::inflight::Inflight,
     pub(super) crypt_ring: usize,
     pub(super) softirq_ctx: Vec<usize>,
     pub(super) poller_ctx: Vec<usize>,
@@ -218,7 +218,7 @@ impl Pipeline {
             softirq_list: vec![VecDeque::new(); p.cores],
             poller_list: vec![VecDeque::new(); sc.workers],
             thread_peers: Vec::new(),
-            inflight: 0,
+            inflight: super::inflight::Inflight::new(p),
             crypt_ring: 0,
             softirq_ctx: Vec::new(),
             poller_ctx: Vec::new(),
@@ -282,7 +282,6 @@ impl Pipeline {
     pub fn next_step(sim: &mut Sim, ctx: usize) -> Option<(Work, f64)> {
         let plat = &sim.params.platform;
         let (budget, readers, batch) = (plat.poll_budget, plat.reader_threads, plat.reader_batch);
-        let cap = plat.inflight_packets;
         // The kernel's work items and kthreads poll with NAPI's budget; wirelane's
         // serial stage drains everything ready.
         let serial_budget = match plat.pool {
@@ -325,7 +324,7 @@ impl Pipeline {
                 Some(pipe.serial_step(p, budget, true))
             }
             Role::Reader(r) => {
-                if cap > 0 && pipe.inflight >= cap {
+                if pipe.inflight.full(now) {
                     // The daemon's reader sleeps and looks again (`budget::POLL`):
                     // no one wakes it when room frees.
                     pipe.reader_waiting[r] = true;

@@ -199,6 +199,6 @@ impl Pipeline {
         }
         let pipe = &mut sim.pipe;
         pipe.peers[peer as usize].queued -= packets as usize;
-        pipe.inflight -= packets as usize;
+        pipe.inflight.drain(packets as usize);
     }
 }

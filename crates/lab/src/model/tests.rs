@@ -22,6 +22,8 @@ pub(super) fn bare(cores: usize, pool: Pool, readers: usize) -> Params {
             crypt_ring_packets: 0,
             peer_queue_packets: 1 << 20,
             inflight_packets: 0,
+            inflight_min_packets: 0,
+            inflight_target_us: 0.0,
             serial_threads_max: 1024,
             rss_skew: 0.0,
             line_gbit: 0.0,
