@@ -30,10 +30,10 @@
 //! a gateway's packets 9 ms on average from TUN read to send (p99 up to 33 ms) when it
 //! sent to a thousand peers on two cores, where 5 ms of work holds them 3 ms. The
 //! limit grows at once with the rate and shrinks by an eighth a tick at most, so a
-//! burst after a quiet moment finds the room a busy moment had. Only the last queue's exit counts as drained
-//! (`QueueBudget::drain`): a transmit packet moves from its flow queue to its peer's
-//! ordered queue under the same budget, and counting both moves would double the rate.
-//! Race: `resize` runs on the timer thread alone; readers only read the limit, so a
+//! burst after a quiet moment finds the room a busy moment had. Only the last queue's
+//! exit counts as drained (`QueueBudget::drain`): a transmit packet moves from its
+//! flow queue to its peer's ordered queue under the same budget, and counting both
+//! moves would double the rate. Race: `resize` runs on the timer thread alone; readers only read the limit, so a
 //! reader may judge one packet batch against the old one.
 
 #[cfg(loom)]

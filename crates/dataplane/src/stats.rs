@@ -164,13 +164,14 @@ pub struct SojournTally {
 
 impl SojournTally {
     /// Counts a packet that arrived at `arrival_ns` and left at `now_ns` (wall clock;
-    /// a clock that stepped back gives a sojourn of none).
-    pub fn add(&mut self, arrival_ns: u64, now_ns: u64) {
+    /// a clock that stepped back gives a sojourn of none); its sojourn.
+    pub fn add(&mut self, arrival_ns: u64, now_ns: u64) -> u64 {
         let ns = now_ns.saturating_sub(arrival_ns);
         self.timed += 1;
         self.sum_ns += ns;
         self.max_ns = self.max_ns.max(ns);
         self.hist[sojourn_bucket(ns)] += 1;
+        ns
     }
 
     /// Adds the tally to one direction's counters.

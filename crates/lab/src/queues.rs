@@ -4,8 +4,8 @@
 //! the whole path's, from the TUN read to the send (flow queues, the ordered queue and
 //! the crypt stage); the receive figure runs from the kernel's arrival timestamp to the
 //! TUN write, so it covers the UDP socket buffer, the crypt queue and the ordered
-//! queue; the handshake figure is the handshake lanes' wait. The lab reports them per cell beside the latency they
-//! explain.
+//! queue; the handshake figure is the handshake lanes' wait. The lab reports them per
+//! cell beside the latency they explain.
 
 use crate::record::RunRecord;
 use crate::signatures::Snapshot;
@@ -227,7 +227,8 @@ pub fn table(g: &Grouped<'_>, impl_order: &[String]) -> String {
     markdown_table(
         "Queues (wirelane only; both ends, medians): receive sojourn from the kernel's \
          arrival time to the TUN write, transmit flow-queue sojourn and the transmit \
-         path's from the TUN read to the send, the handshake lanes' wait, controller verdicts, and how long the daemons' threads waited for a CPU:",
+         path's from the TUN read to the send, the handshake lanes' wait, controller \
+         verdicts, and how long the daemons' threads waited for a CPU:",
         &HEADER,
         &rows,
     )

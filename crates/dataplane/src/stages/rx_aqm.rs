@@ -75,9 +75,7 @@ pub fn judge_all(
         if p.arrival_ns == 0 {
             return true;
         }
-        // The wall clock may step back; a negative sojourn counts as none.
-        let sojourn = now.saturating_sub(p.arrival_ns);
-        t.sojourn.add(p.arrival_ns, now);
+        let sojourn = t.sojourn.add(p.arrival_ns, now);
         let Some((codel, params)) = codel.as_mut() else {
             return true;
         };

@@ -113,8 +113,8 @@ pub fn flush(c: StageCtx<'_>, peer: &Arc<Peer>, budget: usize) -> Drained {
             return;
         };
         let n = send_all(&**sock, &dgrams, ep, src);
-        // The packets sent are the first `n` of those sealed; keepalives carry no
-        // read time.
+        // Timed: as many sealed packets as were sent, from the first (a send that
+        // fails midway is too rare to bias a sojourn). Keepalives have no read time.
         let sent = body.packets.iter().filter(|p| p.ok).take(n);
         for p in sent.filter(|p| p.arrival_ns != 0) {
             sojourns.add(p.arrival_ns, now);
