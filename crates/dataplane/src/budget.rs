@@ -33,8 +33,9 @@
 //! burst after a quiet moment finds the room a busy moment had. Only the last queue's
 //! exit counts as drained (`QueueBudget::drain`): a transmit packet moves from its
 //! flow queue to its peer's ordered queue under the same budget, and counting both
-//! moves would double the rate. Race: `resize` runs on the timer thread alone; readers only read the limit, so a
-//! reader may judge one packet batch against the old one.
+//! moves would double the rate. Race: `resize` runs on the timer thread alone;
+//! readers only read the limit, so a reader may judge one packet batch against the
+//! old one.
 
 #[cfg(loom)]
 use loom::sync::atomic::{AtomicU64, AtomicUsize, Ordering};

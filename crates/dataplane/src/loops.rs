@@ -234,10 +234,10 @@ pub fn handshake_loop(hub: &HandshakeHub, sched: &dyn Scheduler, stop: &Receiver
 }
 
 /// The timer thread: every [`TIMER_TICK`] runs every interface's due protocol timers
-/// and re-sizes its receive budget (`budget`),
-/// and hands rtnetlink's notifications (the runtime's `monitor`) to every interface's
-/// `NetWatch` as soon as they arrive. The interface list is read afresh each round, so
-/// interfaces come and go freely.
+/// and re-sizes its receive and transmit budgets (`budget`), and hands rtnetlink's
+/// notifications (the runtime's `monitor`) to every interface's `NetWatch` as soon as
+/// they arrive. The interface list is read afresh each round, so interfaces come and
+/// go freely.
 pub fn timer_loop(
     interfaces: &RwLock<Vec<Arc<Interface>>>,
     monitor: Option<&Monitor>,
