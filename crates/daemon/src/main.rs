@@ -20,6 +20,7 @@ use wirelane_dataplane::exec::{Model, MAX_WORKERS};
 use wirelane_dataplane::fq_codel::{QueueDiscipline, QueuePolicy};
 use wirelane_dataplane::Runtime;
 use wirelane_io::netlink::Monitor;
+use wirelane_io::tun::MAX_QUEUES as TUN_MAX_QUEUES;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -90,6 +91,13 @@ struct Cli {
     /// Do not ask the TUN for checksum and segmentation offloads (IFF_VNET_HDR).
     #[arg(long)]
     no_offloads: bool,
+
+    /// TUN queues, each read by a reader of its own (IFF_MULTI_QUEUE; default: one per
+    /// crypt worker, at most 16). The kernel spreads what is routed into the interface
+    /// over the queues by flow. 1 makes a single-queue device, as wireguard-go does.
+    #[arg(long, value_name = "N",
+          value_parser = clap::value_parser!(u16).range(1..=TUN_MAX_QUEUES as i64))]
+    tun_queues: Option<u16>,
 
     /// Crypt worker threads (default: one per online CPU).
     #[arg(long, value_name = "N",
@@ -293,6 +301,7 @@ fn warn_ignored_on_join(cli: &Cli, pool_name: &str) {
     if cli.model != Model::Workqueue
         || cli.workers.is_some()
         || cli.no_offloads
+        || cli.tun_queues.is_some()
         || cli.queue != QueueDiscipline::default()
         || cli.codel_target != CodelParams::RFC_TARGET
         || cli.codel_interval != CodelParams::RFC_INTERVAL
@@ -301,7 +310,7 @@ fn warn_ignored_on_join(cli: &Cli, pool_name: &str) {
     {
         tracing::warn!(
             pool = pool_name,
-            "--model, --workers, --queue, --codel-*, --no-offloads, --stay and --metrics apply when a process \
+            "--model, --workers, --tun-queues, --queue, --codel-*, --no-offloads, --stay and --metrics apply when a process \
              starts a pool; the running pool keeps its own"
         );
     }
@@ -350,10 +359,17 @@ fn run(cli: &Cli, readiness: &mut daemonize::Readiness) -> Result<(), String> {
         },
         None => None,
     };
+    let workers = cli
+        .workers
+        .map(usize::from)
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     // Everything that needs privileges, before they are dropped: the interfaces, and
     // the rtnetlink monitor that hears every namespace.
     let opts = TunnelOptions {
         offloads: !cli.no_offloads,
+        tun_queues: cli
+            .tun_queues
+            .map_or(workers.min(TUN_MAX_QUEUES), usize::from),
         queue: QueuePolicy {
             discipline: cli.queue,
             codel: CodelParams::new(cli.codel_target, cli.codel_interval),
@@ -387,10 +403,6 @@ fn run(cli: &Cli, readiness: &mut daemonize::Readiness) -> Result<(), String> {
         capabilities = format_args!("{kept:#x}"),
         "capabilities kept"
     );
-    let workers = cli
-        .workers
-        .map(usize::from)
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     let runtime = Arc::new(
         Runtime::start(cli.model, workers, monitor)
             .map_err(|e| format!("cannot start workers: {e}"))?,

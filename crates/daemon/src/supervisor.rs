@@ -42,6 +42,8 @@ pub struct Tunnel {
 pub struct TunnelOptions {
     /// Ask the TUN for checksum and segmentation offloads.
     pub offloads: bool,
+    /// Queues of each TUN device, one reader each.
+    pub tun_queues: usize,
     pub queue: QueuePolicy,
     /// Peers each interface may hold (`peer_limit`).
     pub max_peers: usize,
@@ -82,7 +84,7 @@ pub fn peer_limit(asked: Option<usize>) -> usize {
 /// start (while privileges allow what only set-up needs), and on a pool's requests.
 pub fn open_tunnel(ifname: &str, opts: TunnelOptions) -> Result<Tunnel, String> {
     listener::ensure_not_served(ifname).map_err(|e| e.to_string())?;
-    let tun = listener::retry_while_exiting(|| Tun::create(ifname, opts.offloads))
+    let tun = listener::retry_while_exiting(|| Tun::create(ifname, opts.offloads, opts.tun_queues))
         .map_err(|e| format!("cannot create TUN interface '{ifname}': {e}"))?;
     let sockets =
         Sockets::bind(0, 0).map_err(|e| format!("{ifname}: cannot bind UDP sockets: {e}"))?;

@@ -127,6 +127,8 @@ fn start_failures_are_reported() {
         (vec!["--workers", "0", "x"], "--workers"),
         (vec!["--workers", "1025", "x"], "--workers"),
         (vec!["--workers", "many", "x"], "--workers"),
+        (vec!["--tun-queues", "0", "x"], "--tun-queues"),
+        (vec!["--tun-queues", "17", "x"], "--tun-queues"),
         (vec!["--model", "nope", "x"], "unknown execution model"),
         (vec!["--bogus", "x"], "--bogus"),
         (vec![], "IFNAME"),

@@ -1,6 +1,6 @@
 //! The I/O loops, which no execution model owns: every model runs the same ones.
 //!
-//! - Per interface: one TUN reader and one reader per UDP socket (data, handshake and
+//! - Per interface: one reader per TUN queue and one reader per UDP socket (data, handshake and
 //!   proof, per family). Each polls its descriptor beside the interface's waker, and
 //!   runs the first stages of its pipeline (TX-1..3, RX-1..2) on the data it reads,
 //!   handing the rest to the scheduler.
@@ -48,13 +48,26 @@ pub fn is_reader_thread() -> bool {
     READER.get()
 }
 
-/// A reader begins handing on one read's packets: it may run the first small crypt
-/// item itself (the workqueue model's idle shortcut), and no more. Without the bound,
-/// a read of one packet for each of 64 peers (transmit to many peers) ran all 64 items
-/// on the reader, one after the other, each finding the queue empty because the one
-/// before never reached it, while the workers idled.
-fn begin_read() {
-    SHORTCUTS.set(1);
+/// A reader begins handing on one read's packets: it may run the first `shortcuts`
+/// small crypt items itself (the workqueue model's idle shortcut), and no more.
+fn begin_read(shortcuts: u32) {
+    SHORTCUTS.set(shortcuts);
+}
+
+/// Small crypt items a TUN reader may run itself per read, with `queues` TUN queues.
+///
+/// With one queue, one: unbounded, a read of one packet for each of 64 peers
+/// (transmit to many peers) ran all 64 items on the reader, one after the other, each
+/// finding the queue empty because the one before never reached it, while the workers
+/// idled. With a reader per queue, all: the readers are as many as the workers by
+/// default and share the cores between them, and an item run where it was read costs
+/// neither a hand-off nor a wake-up. Large items still go to the workers.
+fn shortcuts_per_read(queues: usize) -> u32 {
+    if queues > 1 {
+        u32::MAX
+    } else {
+        1
+    }
 }
 
 /// Takes this read's shortcut, if the calling reader still has it.
@@ -76,8 +89,17 @@ pub fn spawn_readers(
     let mut threads = Vec::new();
     let (i, s) = (iface.clone(), sched.clone());
     let mut spawned = registry
-        .spawn(format!("wl-tun-{name}"), move || tun_reader(&i, &*s))
+        .spawn(format!("wl-tun-{name}"), move || tun_reader(&i, &*s, 0))
         .map(|h| threads.push(h));
+    for q in 1..iface.tun.queues() {
+        if spawned.is_err() {
+            break;
+        }
+        let (i, s) = (iface.clone(), sched.clone());
+        spawned = registry
+            .spawn(format!("wl-tun{q}-{name}"), move || tun_reader(&i, &*s, q))
+            .map(|h| threads.push(h));
+    }
     for role in SocketRole::ALL {
         for v6 in [false, true] {
             if spawned.is_err() {
@@ -107,21 +129,22 @@ pub fn spawn_readers(
     Ok(threads)
 }
 
-/// TX-1..3 for one interface: read, route, number and hand on.
-fn tun_reader(iface: &Arc<Interface>, sched: &dyn Scheduler) {
+/// TX-1..3 for one queue of an interface's TUN: read, route, number and hand on.
+fn tun_reader(iface: &Arc<Interface>, sched: &dyn Scheduler, queue: usize) {
     READER.set(true);
     let c = StageCtx { iface, sched };
     let mut scratch = vec![0u8; stages::tun_read::SCRATCH_LEN];
+    let shortcuts = shortcuts_per_read(iface.tun.queues());
     while !iface.stopping() {
-        match wait_readable(iface.tun.fd(), &iface.waker, -1) {
+        match wait_readable(iface.tun.queue_fd(queue), &iface.waker, -1) {
             Ok(Ready::Readable) => {}
             Ok(Ready::Timeout) => continue,
             Ok(Ready::Woken) => return,
             Err(e) => return iface.fail(format!("polling the TUN device failed: {e}")),
         }
-        match stages::tun_read::read_batch(iface, &mut scratch) {
+        match stages::tun_read::read_batch(iface, queue, &mut scratch) {
             Ok(packets) => {
-                begin_read();
+                begin_read(shortcuts);
                 stages::nonce::enqueue_routed(c, stages::route::route(c, packets))
             }
             // The interface was deleted (e.g. `ip link del`, `wg-quick down`).
@@ -170,7 +193,7 @@ fn udp_reader(iface: &Arc<Interface>, sched: &dyn Scheduler, v6: bool, role: Soc
             }
             match stages::udp_recv::recv_batch(&*sock, &mut scratch) {
                 Ok(packets) => {
-                    begin_read();
+                    begin_read(1);
                     stages::classify::classify(c, packets, &mut replies)
                 }
                 Err(e) => tracing::warn!(error = %e, "UDP receive failed"),

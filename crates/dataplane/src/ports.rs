@@ -13,14 +13,22 @@ use wirelane_io::udp::{LocalAddr, Received, RecvBatch, UdpSocket};
 
 /// The plaintext side: a TUN device, or a double.
 pub trait TunPort: Send + Sync {
-    /// Readable (for `poll`) when a packet can be read.
+    /// Queue 0's descriptor: readable (for `poll`) when a packet can be read there.
     fn fd(&self) -> RawFd;
+    /// Queues the device has, each read by its own reader.
+    fn queues(&self) -> usize {
+        1
+    }
+    /// Readable when a packet can be read from queue `q`.
+    fn queue_fd(&self, _q: usize) -> RawFd {
+        self.fd()
+    }
     /// Reads one packet (or super-packet, with a virtio header first when
-    /// [`TunPort::has_vnet_hdr`]); `WouldBlock` when none is queued; another error
-    /// when the device is gone.
-    fn read(&self, buf: &mut [u8]) -> io::Result<usize>;
-    /// Writes one packet given as pieces laid end to end.
-    fn write_pieces(&self, pieces: &[IoSlice<'_>]) -> io::Result<usize>;
+    /// [`TunPort::has_vnet_hdr`]) from queue `q`; `WouldBlock` when none is queued;
+    /// another error when the device is gone.
+    fn read(&self, q: usize, buf: &mut [u8]) -> io::Result<usize>;
+    /// Writes one packet given as pieces laid end to end, through queue `q`.
+    fn write_pieces(&self, q: usize, pieces: &[IoSlice<'_>]) -> io::Result<usize>;
     /// Writes one plain packet, adding an empty virtio header where one is expected.
     fn write_packet(&self, pkt: &[u8]) -> io::Result<usize>;
     fn has_vnet_hdr(&self) -> bool;
@@ -36,11 +44,17 @@ impl TunPort for Tun {
     fn fd(&self) -> RawFd {
         Tun::fd(self)
     }
-    fn read(&self, buf: &mut [u8]) -> io::Result<usize> {
-        Tun::read(self, buf)
+    fn queues(&self) -> usize {
+        Tun::queues(self)
     }
-    fn write_pieces(&self, pieces: &[IoSlice<'_>]) -> io::Result<usize> {
-        Tun::write_pieces(self, pieces)
+    fn queue_fd(&self, q: usize) -> RawFd {
+        Tun::queue_fd(self, q)
+    }
+    fn read(&self, q: usize, buf: &mut [u8]) -> io::Result<usize> {
+        Tun::read(self, q, buf)
+    }
+    fn write_pieces(&self, q: usize, pieces: &[IoSlice<'_>]) -> io::Result<usize> {
+        Tun::write_pieces(self, q, pieces)
     }
     fn write_packet(&self, pkt: &[u8]) -> io::Result<usize> {
         Tun::write_packet(self, pkt)

@@ -9,14 +9,25 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 pub const DEFAULT_MTU: u32 = 1420;
 
 pub struct Tun {
+    /// Queue 0's descriptor: the one ioctls go through.
     fd: OwnedFd,
+    /// Queues 1.. of a multi-queue device (`IFF_MULTI_QUEUE`): the kernel spreads the
+    /// packets routed into the interface over the queues by flow, and a flow whose
+    /// packets were written through a queue is read from that queue.
+    more: Vec<OwnedFd>,
     name: String,
     /// Packets carry a `virtio_net_hdr` (see [`crate::offload`]) in both directions.
     vnet: bool,
     /// The kernel took UDP segmentation offload (USO, Linux 6.2 and later): reads may
     /// be UDP super-packets, and writes may be too.
     uso: bool,
+    /// Opened with `IFF_MULTI_QUEUE`.
+    multi: bool,
 }
+
+/// Most queues a device gets: the kernel takes up to 256 (`MAX_TAP_QUEUES`); one
+/// reader per core is the use, and past this many cores readers are not the bound.
+pub const MAX_QUEUES: usize = 16;
 
 /// `TUNGETDEVNETNS` from `linux/if_tun.h`: `_IO('T', 227)`.
 const TUNGETDEVNETNS: libc::c_ulong = 0x54e3;
@@ -67,9 +78,28 @@ impl Tun {
     /// [`DEFAULT_MTU`]. With `offloads`, it asks for `IFF_VNET_HDR` with checksum, TCP
     /// and, where the kernel has it, UDP segmentation offload, so reads may return
     /// 64 KiB super-packets; when the kernel refuses, it falls back to plain packets.
-    pub fn create(name: &str, offloads: bool) -> io::Result<Tun> {
+    /// With `queues` > 1 the device is multi-queue with that many queues, unless the
+    /// kernel refuses (an existing single-queue device of that name): one queue then.
+    pub fn create(name: &str, offloads: bool, queues: usize) -> io::Result<Tun> {
+        let mut t = Self::create_queue(name, offloads, queues > 1).or_else(|e| {
+            if queues > 1 && e.raw_os_error() == Some(libc::EINVAL) {
+                Self::create_queue(name, offloads, false)
+            } else {
+                Err(e)
+            }
+        })?;
+        if t.multi {
+            for _ in 1..queues.min(MAX_QUEUES) {
+                let q = Self::open(name, t.vnet, true)?;
+                t.more.push(q.fd);
+            }
+        }
+        Ok(t)
+    }
+
+    fn create_queue(name: &str, offloads: bool, multi: bool) -> io::Result<Tun> {
         if offloads {
-            match Self::open(name, true) {
+            match Self::open(name, true, multi) {
                 Ok(mut t) => {
                     let tso = libc::TUN_F_CSUM | libc::TUN_F_TSO4 | libc::TUN_F_TSO6;
                     // Kernels before 6.2 refuse the USO flags: TSO alone then.
@@ -88,7 +118,7 @@ impl Tun {
                 Err(e) => return Err(e),
             }
         }
-        let t = Self::open(name, false)?;
+        let t = Self::open(name, false, multi)?;
         t.set_mtu(DEFAULT_MTU)?;
         Ok(t)
     }
@@ -105,7 +135,7 @@ impl Tun {
         .map(drop)
     }
 
-    fn open(name: &str, vnet: bool) -> io::Result<Tun> {
+    fn open(name: &str, vnet: bool, multi: bool) -> io::Result<Tun> {
         let mut req = ifreq_with_name(name)?;
         // SAFETY: path is a valid C string; result checked.
         let fd = cvt(unsafe {
@@ -120,6 +150,9 @@ impl Tun {
         if vnet {
             flags |= libc::IFF_VNET_HDR;
         }
+        if multi {
+            flags |= libc::IFF_MULTI_QUEUE;
+        }
         req.ifr_ifru.ifru_flags = flags as libc::c_short;
         // SAFETY: TUNSETIFF takes a pointer to ifreq.
         cvt(unsafe { libc::ioctl(fd.as_raw_fd(), libc::TUNSETIFF as _, &mut req) })?;
@@ -129,8 +162,10 @@ impl Tun {
             .into_owned();
         Ok(Tun {
             fd,
+            more: Vec::new(),
             name: actual,
             vnet,
+            multi,
             uso: false,
         })
     }
@@ -150,8 +185,22 @@ impl Tun {
         &self.name
     }
 
+    /// Queue 0's descriptor.
     pub fn fd(&self) -> RawFd {
         self.fd.as_raw_fd()
+    }
+
+    /// How many queues the device was opened with.
+    pub fn queues(&self) -> usize {
+        1 + self.more.len()
+    }
+
+    /// The descriptor of queue `q` (queue 0 past the last).
+    pub fn queue_fd(&self, q: usize) -> RawFd {
+        match q.checked_sub(1).and_then(|i| self.more.get(i)) {
+            Some(fd) => fd.as_raw_fd(),
+            None => self.fd(),
+        }
     }
 
     /// The interface's name now (`ip link set … name` may have changed it).
@@ -197,20 +246,23 @@ impl Tun {
         if_ioctl(&mut req, libc::SIOCSIFMTU)
     }
 
-    /// Reads one packet; `WouldBlock` when none is queued (the fd is non-blocking).
-    pub fn read(&self, buf: &mut [u8]) -> io::Result<usize> {
+    /// Reads one packet from queue `q`; `WouldBlock` when none is queued (the
+    /// descriptors are non-blocking).
+    pub fn read(&self, q: usize, buf: &mut [u8]) -> io::Result<usize> {
+        let fd = self.queue_fd(q);
         // SAFETY: buf is valid for writes of buf.len() bytes.
-        cvt_size(unsafe { libc::read(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) })
+        cvt_size(unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) })
     }
 
-    /// Writes one packet given as pieces laid end to end (`writev`): the kernel gathers
-    /// them, so a super-packet's payloads need not be copied together first.
-    pub fn write_pieces(&self, pieces: &[io::IoSlice<'_>]) -> io::Result<usize> {
+    /// Writes one packet given as pieces laid end to end (`writev`) through queue `q`:
+    /// the kernel gathers them, so a super-packet's payloads need not be copied
+    /// together first. The kernel then reads that packet's flow from queue `q`.
+    pub fn write_pieces(&self, q: usize, pieces: &[io::IoSlice<'_>]) -> io::Result<usize> {
         // More pieces than writev takes (IOV_MAX) fail with EINVAL, never a short packet.
         let n = pieces.len().min(libc::c_int::MAX as usize) as libc::c_int;
         // SAFETY: IoSlice is ABI-compatible with iovec on Unix, and every piece borrows
         // a live slice for the duration of the call.
-        cvt_size(unsafe { libc::writev(self.fd.as_raw_fd(), pieces.as_ptr().cast(), n) })
+        cvt_size(unsafe { libc::writev(self.queue_fd(q), pieces.as_ptr().cast(), n) })
     }
 
     /// Writes one plain IP packet, with an empty virtio header first where the device
@@ -220,7 +272,7 @@ impl Tun {
             return self.write(pkt);
         }
         let none = [0u8; crate::offload::VNET_HDR_LEN];
-        self.write_pieces(&[io::IoSlice::new(&none), io::IoSlice::new(pkt)])
+        self.write_pieces(0, &[io::IoSlice::new(&none), io::IoSlice::new(pkt)])
     }
 
     /// Writes one buffer as it is.

@@ -65,9 +65,13 @@ fn udp_packet(port: u16, payload: &[u8]) -> Vec<u8> {
 /// Moves this thread into a new network namespace and creates `wltest0` there, up,
 /// with ME/24; returns it and a UDP socket bound to ME.
 fn tun_in_own_namespace(offloads: bool) -> (Tun, UdpSocket) {
+    tun_with_queues(offloads, 1)
+}
+
+fn tun_with_queues(offloads: bool, queues: usize) -> (Tun, UdpSocket) {
     // SAFETY: moves only this thread into a new network namespace.
     assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWNET) }, 0, "unshare");
-    let tun = Tun::create("wltest0", offloads).expect("TUN created");
+    let tun = Tun::create("wltest0", offloads, queues).expect("TUN created");
     assert_eq!(tun.mtu().unwrap(), 1420);
     ip_here("addr add 10.9.0.1/24 dev wltest0");
     ip_here("link set wltest0 up");
@@ -87,7 +91,7 @@ fn read_udp_packet(tun: &Tun) -> Vec<u8> {
             Instant::now() < deadline,
             "nothing routed to the TUN was read"
         );
-        match tun.read(&mut buf) {
+        match tun.read(0, &mut buf) {
             Ok(n) if n > hdr && buf[hdr] >> 4 == 4 && buf[hdr + 9] == 17 => {
                 return buf[..n].to_vec()
             }
@@ -135,6 +139,77 @@ fn roundtrip_with_vnet_header() {
 #[test]
 fn roundtrip_plain() {
     std::thread::spawn(|| roundtrip(false)).join().unwrap();
+}
+
+/// A multi-queue device: the kernel spreads flows over its queues, each packet is read
+/// from exactly one, and a flow written through a queue is read back from that queue.
+fn multi_queue() {
+    let (tun, sock) = tun_with_queues(true, 2);
+    assert_eq!(tun.queues(), 2);
+    let hdr = VNET_HDR_LEN;
+    // 64 flows (source ports): all on one queue would be a 1 in 2^63 hash.
+    let socks: Vec<UdpSocket> = (0..64)
+        .map(|_| UdpSocket::bind(SocketAddrV4::new(ME, 0)).unwrap())
+        .collect();
+    for s in &socks {
+        s.send_to(b"spread", SocketAddrV4::new(OTHER, 9999))
+            .unwrap();
+    }
+    let mut per_queue = [0usize; 2];
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let mut buf = vec![0u8; 65536 + hdr];
+    while per_queue.iter().sum::<usize>() < socks.len() && Instant::now() < deadline {
+        for (q, n) in per_queue.iter_mut().enumerate() {
+            match tun.read(q, &mut buf) {
+                // IPv4 UDP to OTHER:9999 (the kernel's own IPv6 chatter is skipped).
+                Ok(len) if len > hdr + 28 && buf[hdr] >> 4 == 4 && buf[hdr + 9] == 17 => *n += 1,
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    std::thread::sleep(Duration::from_millis(1))
+                }
+                Err(e) => panic!("TUN read on queue {q}: {e}"),
+            }
+        }
+    }
+    assert_eq!(
+        per_queue.iter().sum::<usize>(),
+        socks.len(),
+        "{per_queue:?}"
+    );
+    assert!(per_queue.iter().all(|&n| n > 0), "{per_queue:?}");
+
+    // A flow written through a queue (its reply path) is read from that queue: the
+    // kernel learns the queue from the write, its flow hash being symmetric.
+    let port = sock.local_addr().unwrap().port();
+    let mut reply = vec![0u8; hdr];
+    reply.extend_from_slice(&udp_packet(port, b"reply"));
+    let mut got = [0u8; 64];
+    for q in [1, 0, 1] {
+        tun.write_pieces(q, &[std::io::IoSlice::new(&reply)])
+            .unwrap();
+        let (n, _) = sock.recv_from(&mut got).expect("written packet delivered");
+        assert_eq!(&got[..n], b"reply");
+        sock.send_to(b"back", SocketAddrV4::new(OTHER, 9999))
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(2);
+        let read_on = loop {
+            assert!(Instant::now() < deadline, "the answer was not read");
+            let hit = (0..2).find(|&r| {
+                matches!(tun.read(r, &mut buf),
+                    Ok(len) if len > hdr + 28 && buf[hdr] >> 4 == 4 && buf[len - 4..len] == *b"back")
+            });
+            match hit {
+                Some(r) => break r,
+                None => std::thread::sleep(Duration::from_millis(1)),
+            }
+        };
+        assert_eq!(read_on, q, "the answer to a write through queue {q}");
+    }
+}
+
+#[test]
+fn multi_queue_spreads_flows() {
+    std::thread::spawn(multi_queue).join().unwrap();
 }
 
 /// UDP segmentation offload both ways, where the kernel has it (6.2 and later): an
@@ -189,7 +264,7 @@ fn uso_both_ways() {
     let mut writes = 0;
     coalesce(&refs, &mut Vec::new(), true, |pieces, _| {
         writes += 1;
-        tun.write_pieces(pieces)
+        tun.write_pieces(0, pieces)
             .expect("the kernel takes the UDP super-packet");
     });
     assert_eq!(writes, 1);

@@ -129,7 +129,7 @@ impl TunPort for Arc<MemoryTun> {
     fn fd(&self) -> RawFd {
         self.inbound.fd.as_raw_fd()
     }
-    fn read(&self, buf: &mut [u8]) -> io::Result<usize> {
+    fn read(&self, _q: usize, buf: &mut [u8]) -> io::Result<usize> {
         match self.inbound.take(1).pop() {
             Some(p) => {
                 let n = p.len().min(buf.len());
@@ -139,7 +139,7 @@ impl TunPort for Arc<MemoryTun> {
             None => Err(io::ErrorKind::WouldBlock.into()),
         }
     }
-    fn write_pieces(&self, pieces: &[IoSlice<'_>]) -> io::Result<usize> {
+    fn write_pieces(&self, _q: usize, pieces: &[IoSlice<'_>]) -> io::Result<usize> {
         let whole: Vec<u8> = pieces.iter().flat_map(|p| p.iter().copied()).collect();
         self.write_packet(&whole)
     }

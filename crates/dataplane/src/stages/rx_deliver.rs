@@ -21,13 +21,13 @@ thread_local! {
     static COALESCE: RefCell<Vec<u8>> = RefCell::new(Vec::with_capacity(offload::VNET_HDR_LEN + 120));
 }
 
-/// Writes packets to the TUN; with offloads on, runs of one TCP flow (and of one UDP
-/// flow, where the TUN took USO) become a single GSO super-packet, so the kernel's
-/// stack sees one large packet instead of dozens of writes.
-fn write_to_tun(dev: &Interface, segs: &[&[u8]]) {
+/// Writes packets to the TUN through queue `q`; with offloads on, runs of one TCP flow
+/// (and of one UDP flow, where the TUN took USO) become a single GSO super-packet, so
+/// the kernel's stack sees one large packet instead of dozens of writes.
+fn write_to_tun(dev: &Interface, q: usize, segs: &[&[u8]]) {
     if !dev.tun.has_vnet_hdr() {
         for s in segs {
-            if dev.tun.write_packet(s).is_err() {
+            if dev.tun.write_pieces(q, &[IoSlice::new(s)]).is_err() {
                 dev.stats
                     .rx_tun_write_failed
                     .fetch_add(1, Ordering::Relaxed);
@@ -41,7 +41,7 @@ fn write_to_tun(dev: &Interface, segs: &[&[u8]]) {
             &mut scratch.borrow_mut(),
             dev.tun.has_uso(),
             |pieces, packets| {
-                let failed = match dev.tun.write_pieces(pieces) {
+                let failed = match dev.tun.write_pieces(q, pieces) {
                     Ok(_) => 0,
                     // The kernel refused the super-packet itself (its virtio-header
                     // checks): every packet in it still goes, one by one.
@@ -51,7 +51,7 @@ fn write_to_tun(dev: &Interface, segs: &[&[u8]]) {
                             .iter()
                             .filter(|p| {
                                 let alone = [IoSlice::new(&none), IoSlice::new(p)];
-                                dev.tun.write_pieces(&alone).is_err()
+                                dev.tun.write_pieces(q, &alone).is_err()
                             })
                             .count()
                     }
@@ -126,7 +126,11 @@ pub fn deliver(c: StageCtx<'_>, peer: &Arc<Peer>, budget: usize) -> Drained {
             .iter()
             .map(|&(i, len)| &body.packets[i].plaintext()[..len])
             .collect();
-        write_to_tun(dev, &segs);
+        // A multi-queue TUN reads a flow from the queue its packets were written
+        // through: one queue per peer spreads the replies to many peers over the TUN
+        // readers, and keeps each flow on one of them.
+        let q = peer.id as usize % dev.tun.queues();
+        write_to_tun(dev, q, &segs);
     });
     dev.stats.record_serial_run(&drained);
     drained

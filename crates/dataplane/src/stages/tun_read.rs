@@ -1,4 +1,4 @@
-//! Stage TX-1, tun read. Input: the TUN device. Output: a vector of plaintext IP
+//! Stage TX-1, tun read. Input: one of the TUN device's queues. Output: a vector of plaintext IP
 //! packets in the order the kernel handed them to us. With offloads on, TCP (TSO) and
 //! UDP (USO) super-packets are split into MTU-sized segments here (checksums
 //! completed), so every later stage sees ordinary packets, each stamped with the time
@@ -18,12 +18,12 @@ pub const SCRATCH_LEN: usize = 40 + 65535 + VNET_HDR_LEN + 1;
 /// Reads until about [`MAX_BATCH`] packets are gathered, without blocking. An empty
 /// result means the TUN had nothing queued; an error other than `WouldBlock` means the
 /// TUN is gone.
-pub fn read_batch(dev: &Interface, scratch: &mut [u8]) -> io::Result<Vec<Packet>> {
+pub fn read_batch(dev: &Interface, queue: usize, scratch: &mut [u8]) -> io::Result<Vec<Packet>> {
     // One super-packet past MAX_BATCH splits into at most 46 more (64 KiB of 1,400).
     let mut out = Vec::with_capacity(MAX_BATCH + 48);
     let vnet = dev.tun.has_vnet_hdr();
     while out.len() < MAX_BATCH {
-        let n = match dev.tun.read(scratch) {
+        let n = match dev.tun.read(queue, scratch) {
             Ok(0) => break,
             Ok(n) if n == scratch.len() => {
                 dev.stats.tx_dropped.fetch_add(1, Ordering::Relaxed);
