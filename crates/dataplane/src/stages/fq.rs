@@ -29,12 +29,13 @@ use std::sync::Arc;
 /// that many.
 pub const RING_PACKETS: usize = 4 * MAX_BATCH;
 
-/// Queues `packets` of `peer` by flow, then pumps. The reader waits while the peer's
-/// flow queues are full, or the interface's transmit budget, as it does on the FIFO;
-/// after [`BACKPRESSURE_WAIT`] it makes room by dropping from the peer's fattest flow,
-/// or, with nothing of the peer's queued, drops the new packet.
-pub fn enqueue(c: StageCtx<'_>, peer: &Arc<Peer>, packets: Vec<Packet>) {
-    let now = c.iface.now().as_nanos() as u64;
+/// Queues `packets` of `peer` by flow, stamped as entering at `now` (the interface's
+/// clock in ns, read once per TUN read: a backpressure wait before this call counts
+/// in their sojourn, as the packets waited it), then pumps. The reader waits while
+/// the peer's flow queues are full, or the interface's transmit budget, as it does on
+/// the FIFO; after [`BACKPRESSURE_WAIT`] it makes room by dropping from the peer's
+/// fattest flow, or, with nothing of the peer's queued, drops the new packet.
+pub fn enqueue(c: StageCtx<'_>, peer: &Arc<Peer>, packets: Vec<Packet>, now: u64) {
     let mut overflow = 0u64;
     {
         let mut q = peer.tx_fq.lock_with_room(packets.len(), BACKPRESSURE_WAIT);
@@ -57,12 +58,16 @@ pub fn enqueue(c: StageCtx<'_>, peer: &Arc<Peer>, packets: Vec<Packet>) {
             .tx_fq_overflow
             .fetch_add(overflow, Ordering::Relaxed);
     }
+    // The wait for room may have taken a while: the dequeue time is read afresh.
     pump(c, peer);
 }
 
 /// Moves packets from `peer`'s flow queues into the nonce stage while its ordered queue
 /// has room. Never waits: if another thread holds the queues, that thread pumps again.
+/// The dequeue time is read once, when there is something to dequeue: a pump takes
+/// microseconds, CoDel's sojourns are milliseconds.
 pub fn pump(c: StageCtx<'_>, peer: &Arc<Peer>) {
+    let mut now = None;
     let fq = &peer.tx_fq;
     loop {
         fq.pump_again.store(true, Ordering::SeqCst);
@@ -76,7 +81,7 @@ pub fn pump(c: StageCtx<'_>, peer: &Arc<Peer>) {
                 if room == 0 || q.is_empty() || peer.is_removed() {
                     break;
                 }
-                let now = c.iface.now().as_nanos() as u64;
+                let now = *now.get_or_insert_with(|| c.iface.now().as_nanos() as u64);
                 let want = room.min(MAX_BATCH);
                 // Sized to what is queued, not to a full batch: at thousands of peers
                 // most chunks hold a packet or two and wait in the ordered queue, and

@@ -29,6 +29,7 @@ pub mod udp_recv;
 use crate::interface::Interface;
 use crate::queue::Drained;
 use crate::sched::{CryptWork, Direction, Scheduler, SerialWork};
+use std::cell::Cell;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -39,10 +40,40 @@ pub struct StageCtx<'a> {
     pub sched: &'a dyn Scheduler,
 }
 
+thread_local! {
+    /// Whether this thread is inside a timed item (see [`timed`]).
+    static TIMING: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Clears [`TIMING`] when the outermost timed item ends, even by unwinding.
+struct TimingGuard;
+
+impl Drop for TimingGuard {
+    fn drop(&mut self) {
+        TIMING.set(false);
+    }
+}
+
+/// Runs `f`, counting the time it takes as `iface`'s busy time, unless an item this
+/// thread is already running counts it: a reader's shortcut runs the serial stage
+/// inside the crypt item that scheduled it, and the fq pump a crypt item inside a
+/// serial stage, both of the same interface. Counted twice before, and each item cost
+/// two clock reads more.
+fn timed<R>(iface: &Interface, f: impl FnOnce() -> R) -> R {
+    if TIMING.get() {
+        return f();
+    }
+    TIMING.set(true);
+    let _guard = TimingGuard;
+    let started = Instant::now();
+    let r = f();
+    iface.stats.add_busy(started.elapsed());
+    r
+}
+
 /// Runs one crypt item (seal or open); a model's workers call this. The time it takes
 /// counts as its interface's busy time.
 pub fn run_crypt(sched: &dyn Scheduler, w: CryptWork) {
-    let started = Instant::now();
     let CryptWork {
         iface,
         peer,
@@ -53,26 +84,22 @@ pub fn run_crypt(sched: &dyn Scheduler, w: CryptWork) {
         iface: &iface,
         sched,
     };
-    match dir {
+    timed(&iface, || match dir {
         Direction::Tx => encrypt::encrypt(c, &peer, batch),
         Direction::Rx => decrypt::decrypt(c, &peer, batch),
-    }
-    iface.stats.add_busy(started.elapsed());
+    })
 }
 
 /// Runs one serial item for at most `budget` packets (`usize::MAX`: everything
 /// ready). When the result says [`Drained::more`], the stage is still scheduled and
 /// the caller must run it again.
 pub fn run_serial(sched: &dyn Scheduler, w: &SerialWork, budget: usize) -> Drained {
-    let started = Instant::now();
     let c = StageCtx {
         iface: &w.iface,
         sched,
     };
-    let d = match w.dir {
+    timed(&w.iface, || match w.dir {
         Direction::Tx => tx_flush::flush(c, &w.peer, budget),
         Direction::Rx => rx_deliver::deliver(c, &w.peer, budget),
-    };
-    w.iface.stats.add_busy(started.elapsed());
-    d
+    })
 }

@@ -36,8 +36,10 @@ pub(crate) const BACKPRESSURE_WAIT: Duration = Duration::from_millis(100);
 /// feeds this stage as the ordered queue drains.
 pub fn enqueue_routed(c: StageCtx<'_>, groups: Vec<(Arc<Peer>, Vec<Packet>)>) {
     if c.iface.queue == QueueDiscipline::FqCodel {
+        // One clock read for the whole read: at many peers each group is a packet.
+        let now = c.iface.now().as_nanos() as u64;
         for (peer, group) in groups {
-            super::fq::enqueue(c, &peer, group);
+            super::fq::enqueue(c, &peer, group, now);
         }
         return;
     }
