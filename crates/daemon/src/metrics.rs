@@ -16,10 +16,10 @@ use prometheus::proto::{
     Bucket, Counter, Gauge, Histogram, LabelPair, Metric, MetricFamily, MetricType,
 };
 use std::net::IpAddr;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use wirelane_dataplane::sockets::SocketRole;
-use wirelane_dataplane::stats::{hist_lower_bound, SERIAL_HIST_BUCKETS};
+use wirelane_dataplane::stats::hist_lower_bound;
 use wirelane_dataplane::{Interface, Runtime};
 use wirelane_proto::base64_key;
 
@@ -41,6 +41,8 @@ const DROP_REASONS: &[&str] = &[
     "rx_bad_inner",
     "rx_tun_write_failed",
     "rx_queue_full",
+    "rx_codel_dropped",
+    "rx_ce_not_ect",
     "handshake_queue_full",
     "handshake_invalid_mac1",
     "handshake_rate_limited",
@@ -247,38 +249,80 @@ fn device(f: &mut Families, d: &Device, rt: &Runtime) {
         &on,
         stat("busy_ns") / 1e9,
     );
-    serial_histogram(f, dev, iface);
+    for (direction, marked) in [("tx", "tx_codel_marked"), ("rx", "rx_codel_marked")] {
+        f.counter(
+            "wirelane_codel_ce_marked_total",
+            "ECN-capable packets CoDel marked CE instead of dropping them.",
+            &[on[0], ("direction", direction)],
+            stat(marked),
+        );
+    }
+    // Waits in two queues, as a sum and a count: rate(sum) / rate(count) is the mean.
+    for (queue, dequeued, waited) in [
+        ("flow", "tx_fq_dequeued", "tx_fq_sojourn_ns"),
+        ("handshake", "handshake_dequeued", "handshake_sojourn_ns"),
+    ] {
+        let which = [on[0], ("queue", queue)];
+        f.counter(
+            "wirelane_queue_dequeued_total",
+            "Items taken off a queue: packets off the flow queues, handshake messages off \
+             the handshake lanes.",
+            &which,
+            stat(dequeued),
+        );
+        f.counter(
+            "wirelane_queue_wait_seconds_total",
+            "Seconds the items taken off a queue waited there, summed.",
+            &which,
+            stat(waited) / 1e9,
+        );
+    }
+    let s = &iface.stats;
+    // Bucket `i` holds invocations of fewer than `2^i` packets: its bound is `2^i - 1`.
+    let serial = histogram(&s.serial_packets_hist, |i| {
+        (hist_lower_bound(i + 1) - 1) as f64
+    });
+    f.histogram(
+        "wirelane_serial_packets",
+        "Packets handled per serial-stage invocation (an execution-order signature).",
+        &on,
+        serial,
+        s.serial_packets.load(Ordering::Relaxed) as f64,
+    );
+    // Bucket `i` holds sojourns under `2^i` µs.
+    let upper_s = |i: usize| hist_lower_bound(i + 1) as f64 / 1e6;
+    for (direction, hist, sum) in [
+        ("rx", &s.rx_sojourn_hist, &s.rx_sojourn_ns),
+        ("tx", &s.tx_sojourn_hist, &s.tx_sojourn_ns),
+    ] {
+        f.histogram(
+            "wirelane_packet_sojourn_seconds",
+            "Time from a packet's arrival to its leaving: rx from the kernel's receive \
+             time to the TUN write, tx from the TUN read to the UDP send.",
+            &[on[0], ("direction", direction)],
+            histogram(hist, upper_s),
+            sum.load(Ordering::Relaxed) as f64 / 1e9,
+        );
+    }
 }
 
-/// Packets per serial-stage invocation, the execution-order signature of design.md §4:
-/// the daemon's power-of-two buckets as a cumulative histogram (bucket `i` holds
-/// invocations of fewer than `2^i` packets, so its upper bound is `2^i - 1`). The last
-/// bucket, unbounded, is the count: the encoder writes it as `le="+Inf"`.
-fn serial_histogram(f: &mut Families, dev: &str, iface: &Interface) {
+/// The daemon's power-of-two buckets as cumulative Prometheus buckets, bucket `i`
+/// bounded by `upper(i)`. The last bucket, unbounded, is the count: the encoder writes
+/// it as `le="+Inf"`.
+fn histogram(counts: &[AtomicU64], upper: impl Fn(usize) -> f64) -> (Vec<Bucket>, u64) {
     let mut cumulative = 0u64;
-    let mut buckets = Vec::with_capacity(SERIAL_HIST_BUCKETS);
-    for (i, b) in iface.stats.serial_packets_hist.iter().enumerate() {
+    let mut buckets = Vec::with_capacity(counts.len());
+    for (i, b) in counts.iter().enumerate() {
         cumulative += b.load(Ordering::Relaxed);
-        if i + 1 == SERIAL_HIST_BUCKETS {
+        if i + 1 == counts.len() {
             break;
         }
         let mut bucket = Bucket::default();
-        bucket.set_upper_bound((hist_lower_bound(i + 1) - 1) as f64);
+        bucket.set_upper_bound(upper(i));
         bucket.set_cumulative_count(cumulative);
         buckets.push(bucket);
     }
-    let mut h = Histogram::default();
-    h.set_bucket(buckets);
-    h.set_sample_count(cumulative);
-    h.set_sample_sum(iface.stats.serial_packets.load(Ordering::Relaxed) as f64);
-    let mut m = Metric::from_label(labels(&[("device", dev)]));
-    m.set_histogram(h);
-    f.push(
-        "wirelane_serial_packets",
-        "Packets handled per serial-stage invocation (an execution-order signature).",
-        MetricType::HISTOGRAM,
-        m,
-    );
+    (buckets, cumulative)
 }
 
 fn runtime(f: &mut Families, rt: &Runtime) {
@@ -364,6 +408,25 @@ impl Families {
         let mut m = Metric::from_label(labels(l));
         m.set_counter(c);
         self.push(name, help, MetricType::COUNTER, m);
+    }
+
+    /// A histogram of `buckets` (cumulative, see [`histogram`]) and their count, with
+    /// `sum` the sum of the samples.
+    fn histogram(
+        &mut self,
+        name: &'static str,
+        help: &str,
+        l: &[(&str, &str)],
+        (buckets, count): (Vec<Bucket>, u64),
+        sum: f64,
+    ) {
+        let mut h = Histogram::default();
+        h.set_bucket(buckets);
+        h.set_sample_count(count);
+        h.set_sample_sum(sum);
+        let mut m = Metric::from_label(labels(l));
+        m.set_histogram(h);
+        self.push(name, help, MetricType::HISTOGRAM, m);
     }
 
     fn done(self) -> Vec<MetricFamily> {

@@ -204,6 +204,32 @@ fn prometheus_stores_what_wg_shows() {
     );
     assert_eq!(dev_key, Some(1.0));
 
+    // The sojourn histograms hold every packet `stats=1` timed, in both directions,
+    // and Prometheus computes a quantile from their buckets.
+    for (direction, timed) in [("rx", "rx_timed"), ("tx", "tx_timed")] {
+        let on = format!("{{device=\"{name}\",direction=\"{direction}\"}}");
+        let count = format!("wirelane_packet_sojourn_seconds_count{on}");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let timed = wirelane_lab::uapi::stats(&name).expect("stats=1")[timed] as f64;
+            assert!(timed > 0.0, "{direction}: nothing timed");
+            let stored = prom_value(&pair.a, &count);
+            if stored == Some(timed) {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{direction}: Prometheus holds {stored:?}, stats=1 says {timed}"
+            );
+            std::thread::sleep(Duration::from_millis(250));
+        }
+        let p99 = prom_value(
+            &pair.a,
+            &format!("histogram_quantile(0.99, wirelane_packet_sojourn_seconds_bucket{on})"),
+        );
+        assert!(p99.is_some_and(|v| v > 0.0), "{direction}: p99 {p99:?}");
+    }
+
     // Junk moves the drop counter by what was sent.
     let drops = format!("wirelane_drops_total{{device=\"{name}\",reason=\"rx_unknown_index\"}}");
     let before = prom_value(&pair.a, &drops).expect("the drop counter");
