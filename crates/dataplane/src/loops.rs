@@ -62,7 +62,7 @@ fn begin_read(shortcuts: u32) {
 /// idled. With a reader per queue, all: the readers are as many as the workers by
 /// default and share the cores between them, and an item run where it was read costs
 /// neither a hand-off nor a wake-up. Large items still go to the workers.
-fn shortcuts_per_read(queues: usize) -> u32 {
+pub fn shortcuts_per_read(queues: usize) -> u32 {
     if queues > 1 {
         u32::MAX
     } else {

@@ -287,6 +287,7 @@ pub fn wirelane_platform(cores: usize) -> Platform {
         cores,
         pool: Pool::Shared,
         reader_threads: 1,
+        tun_queue_per_worker: true,
         group_by_peer: true,
         reader_batch: wirelane_dataplane::packet::MAX_BATCH,
         poll_budget: wirelane_dataplane::exec::softirq::NAPI_BUDGET,

@@ -23,7 +23,7 @@ use super::pipeline::{Pipeline, Signature, Work};
 use super::source::{Schedule, Window};
 use super::{Outcome, Scenario};
 use crate::hist::Histogram;
-use crate::model::params::Params;
+use crate::model::params::{Direction, Params};
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 
@@ -179,8 +179,12 @@ pub struct Sim {
 }
 
 impl Sim {
-    pub(super) fn new(params: Params, scenario: Scenario, schedule: Schedule) -> Sim {
+    pub(super) fn new(mut params: Params, scenario: Scenario, schedule: Schedule) -> Sim {
         let cores = params.platform.cores;
+        let plat = &mut params.platform;
+        if plat.tun_queue_per_worker && scenario.direction == Direction::Tx {
+            plat.reader_threads = scenario.workers.clamp(1, wirelane_io::tun::MAX_QUEUES);
+        }
         let end = (scenario.seconds * 1e9) as Ns;
         let warmup = (scenario.warmup_s * 1e9) as Ns;
         let rtt = scenario.tcp_rtt_us.map_or(0, |us| (us * 1e3) as Ns);

@@ -134,8 +134,12 @@ impl Pipeline {
         } else {
             groups = packets.into_iter().map(|(p, t)| (p, 1, t)).collect();
         }
-        // The read's one crypt item the reader may run itself (`loops::take_shortcut`).
-        let mut shortcut_left = true;
+        // The crypt items of the read the reader may run itself (`loops::take_shortcut`).
+        let queues = match sim.pipe.dir {
+            Direction::Tx if plat.tun_queue_per_worker => plat.reader_threads,
+            _ => 1,
+        };
+        let mut shortcuts_left = wirelane_dataplane::loops::shortcuts_per_read(queues);
         for (peer, n, arrived) in groups {
             let pipe = &mut sim.pipe;
             if pipe.peers[peer as usize].queued + n as usize > peer_cap {
@@ -157,8 +161,8 @@ impl Pipeline {
             pipe.inflight.add(n as usize);
             pipe.crypt_ring += n as usize;
             sim.ctxs[ctx].work_debt_ns += pipe.costs.reader_item_ns;
-            if shortcut_left && Self::shortcut(sim, ctx, n as usize) {
-                shortcut_left = false;
+            if shortcuts_left > 0 && Self::shortcut(sim, ctx, n as usize) {
+                shortcuts_left -= 1;
                 // The reader seals or opens it itself (see `shortcut`).
                 let cost = Self::crypt_cost(&sim.pipe, n);
                 sim.ctxs[ctx].work_debt_ns += cost;
@@ -202,7 +206,8 @@ impl Pipeline {
 
     /// The `workqueue` model's idle shortcut (`exec::workqueue`): a reader that finds
     /// the shared FIFO empty runs an item of at most 4 packets itself, rather than
-    /// waking a worker for it (one crypt item per read). Its cost is the reader's.
+    /// waking a worker for it (as many crypt items per read as `shortcuts_per_read`
+    /// allows). Its cost is the reader's.
     pub(super) fn shortcut(sim: &Sim, ctx: usize, packets: usize) -> bool {
         sim.pipe.model == Model::Workqueue
             && !sim.pipe.per_core

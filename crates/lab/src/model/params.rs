@@ -107,6 +107,11 @@ pub struct Platform {
     /// Reader threads (wirelane: one per socket or TUN queue). 0: the reader stage runs
     /// in the host's softirq, as the kernel's receive path does.
     pub reader_threads: usize,
+    /// On transmit, one reader per worker instead (wirelane's TUN, multi-queue with a
+    /// queue per worker by default), each running every small item it reads under the
+    /// `workqueue` model (`loops::shortcuts_per_read`).
+    #[serde(default)]
+    pub tun_queue_per_worker: bool,
     /// Whether the reader gathers packets per peer into one crypt item (wirelane: on
     /// receive each run of one peer's consecutive packets, on transmit all of a peer's
     /// packets in the read) or queues every packet alone (the kernel's per-packet ring).

@@ -13,6 +13,7 @@ pub(super) fn bare(cores: usize, pool: Pool, readers: usize) -> Params {
             cores,
             pool,
             reader_threads: readers,
+            tun_queue_per_worker: false,
             group_by_peer: readers > 0,
             reader_batch: 64,
             poll_budget: 64,
