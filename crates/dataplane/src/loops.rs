@@ -1,9 +1,9 @@
 //! The I/O loops, which no execution model owns: every model runs the same ones.
 //!
-//! - Per interface: one reader per TUN queue and one reader per UDP socket (data, handshake and
-//!   proof, per family). Each polls its descriptor beside the interface's waker, and
-//!   runs the first stages of its pipeline (TX-1..3, RX-1..2) on the data it reads,
-//!   handing the rest to the scheduler.
+//! - Per interface: one reader per TUN queue and one per UDP socket (data, handshake
+//!   and proof, per family). Each polls its descriptor beside the interface's waker,
+//!   and runs the first stages of its pipeline (TX-1..3, RX-1..2) on the data it
+//!   reads, handing the rest to the scheduler.
 //! - Per runtime: one handshake thread for every interface's handshake lanes, and one
 //!   timer thread for every interface's protocol timers and rtnetlink notifications.
 //!

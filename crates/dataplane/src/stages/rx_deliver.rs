@@ -1,7 +1,9 @@
 //! Stage RX-4, per-peer ordered delivery. Input: the peer's RX queue. Output: for each
 //! opened batch at the head, in order: replay check, roaming and timer bookkeeping,
 //! inner-header validation, the cryptokey-routing source check, queue management
-//! (`rx_aqm`: ECN decapsulation, the receive CoDel) and the write to the TUN. Keepalives stop after the bookkeeping. Runs as one work item per peer at a time.
+//! (`rx_aqm`: ECN decapsulation, the receive CoDel) and the write to the TUN, through
+//! the peer's TUN queue. Keepalives stop after the bookkeeping. Runs as one work item
+//! per peer at a time.
 
 use super::nonce::step;
 use super::StageCtx;

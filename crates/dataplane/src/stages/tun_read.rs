@@ -1,8 +1,9 @@
-//! Stage TX-1, tun read. Input: one of the TUN device's queues. Output: a vector of plaintext IP
-//! packets in the order the kernel handed them to us. With offloads on, TCP (TSO) and
-//! UDP (USO) super-packets are split into MTU-sized segments here (checksums
-//! completed), so every later stage sees ordinary packets, each stamped with the time
-//! of its read (the transmit sojourn's start). Runs on one reader at a time per queue.
+//! Stage TX-1, tun read. Input: one of the TUN device's queues. Output: a vector of
+//! plaintext IP packets in the order the kernel handed them to us. With offloads on,
+//! TCP (TSO) and UDP (USO) super-packets are split into MTU-sized segments here
+//! (checksums completed), so every later stage sees ordinary packets, each stamped
+//! with the time of its read (the transmit sojourn's start). Runs on one reader at a
+//! time per queue.
 
 use crate::interface::Interface;
 use crate::packet::{Packet, MAX_BATCH};

@@ -85,8 +85,9 @@ pub struct RunArgs {
     /// Cores (default: the parameter set's).
     #[arg(long)]
     pub cores: Option<usize>,
-    /// Reader threads (default: the parameter set's; wirelane has one per socket
-    /// today, so more is a what-if: SO_REUSEPORT sockets or multi-queue TUN).
+    /// Reader threads (default: the parameter set's; wirelane has one per socket and,
+    /// on transmit, one per worker, so more on receive is a what-if: SO_REUSEPORT
+    /// sockets). Given, it holds in both directions.
     #[arg(long)]
     pub readers: Option<usize>,
     #[arg(long, default_value_t = 1000)]
@@ -152,6 +153,7 @@ fn run_one(a: &RunArgs) -> Result<()> {
             );
         }
         p.platform.reader_threads = r;
+        p.platform.tun_queue_per_worker = false;
     }
     let sc = Scenario {
         model: a.model,

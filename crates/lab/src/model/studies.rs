@@ -180,7 +180,7 @@ pub fn prediction_scenario(
 pub fn predict_cli(params: Option<&Path>, seconds: f64, out: Option<&Path>) -> Result<()> {
     let base = params_or(params, WIRELANE_PARAMS)?;
     let mut s = String::from(
-        "| cores | peers | dir | offered | workqueue | threaded | softirq | best (workers) | what if: workqueue, a reader per 4 cores |\n|---|---|---|---|---|---|---|---|---|\n",
+        "| cores | peers | dir | offered | workqueue | threaded | softirq | best (workers) | what if: workqueue, a UDP reader per 4 cores |\n|---|---|---|---|---|---|---|---|---|\n",
     );
     let mut series: Vec<(String, Vec<(usize, f64)>)> = Vec::new();
     for dir in [Direction::Rx, Direction::Tx] {
@@ -214,15 +214,21 @@ pub fn predict_cli(params: Option<&Path>, seconds: f64, out: Option<&Path>) -> R
                     }
                 }
                 let (g, m, w) = best.unwrap_or((0.0, Model::Workqueue, cores));
-                // Today's single reader per socket against several (SO_REUSEPORT
-                // sockets, multi-queue TUN): what the readers cost the gateway.
-                let mut more = p.clone();
-                more.platform.reader_threads = (cores / 4).max(1);
-                let sc = prediction_scenario(Model::Workqueue, cores, peers, dir, seconds);
-                let what_if = simulate(&more, &sc)?.goodput_gbit;
+                // Receive: today's single reader per socket against several
+                // (SO_REUSEPORT sockets), what the reader costs the gateway. Transmit
+                // already has a reader per worker (the TUN's queues).
+                let what_if = match dir {
+                    Direction::Rx => {
+                        let mut more = p.clone();
+                        more.platform.reader_threads = (cores / 4).max(1);
+                        let sc = prediction_scenario(Model::Workqueue, cores, peers, dir, seconds);
+                        format!("{:.1}", simulate(&more, &sc)?.goodput_gbit)
+                    }
+                    Direction::Tx => "–".to_string(),
+                };
                 let _ = writeln!(
                     s,
-                    "| {cores} | {peers} | {} | {offered:.0} | {} | {m} ({w}): {g:.1} | {what_if:.1} |",
+                    "| {cores} | {peers} | {} | {offered:.0} | {} | {m} ({w}): {g:.1} | {what_if} |",
                     dir.name(),
                     cols.join(" | ")
                 );
