@@ -87,6 +87,26 @@ fn prom_value(ns: &Netns, query: &str) -> Option<f64> {
     result[0]["value"][1].as_str()?.parse().ok()
 }
 
+/// Polls `read` until what Prometheus stored equals what the daemon shows (`None`
+/// shown: not ready to compare yet), for at most a minute; fails showing both.
+fn until_stored<T: PartialEq + std::fmt::Debug>(
+    what: &str,
+    mut read: impl FnMut() -> (T, Option<T>),
+) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (stored, shown) = read();
+        if shown.as_ref() == Some(&stored) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: Prometheus holds {stored:?}, the daemon shows {shown:?}"
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
 fn start_prometheus(ns: &Netns) -> Reaped {
     let dir = std::env::temp_dir().join(unique("prom"));
     std::fs::create_dir_all(&dir).unwrap();
@@ -180,24 +200,16 @@ fn prometheus_stores_what_wg_shows() {
     // The tunnel is idle now (no keepalive): once a scrape follows the last packet,
     // Prometheus holds exactly what `wg show` reports.
     let on = format!("{{device=\"{name}\"}}");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
+    until_stored("wg show's peer", || {
         let p = a.dump_peers().remove(0);
         let query = |m: &str| prom_value(&pair.a, &format!("{m}{on}"));
         let rx = query("wireguard_peer_receive_bytes_total");
         let tx = query("wireguard_peer_transmit_bytes_total");
         let hs = query("wireguard_peer_last_handshake_seconds");
-        let stored = (rx, tx, hs);
         let shown = (p.rx as f64, p.tx as f64, p.latest_handshake as f64);
-        if p.tx > 8 << 20 && stored == (Some(shown.0), Some(shown.1), Some(shown.2)) {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "Prometheus holds {stored:?}, wg shows {shown:?}"
-        );
-        std::thread::sleep(Duration::from_millis(250));
-    }
+        let shown = (p.tx > 8 << 20).then_some((Some(shown.0), Some(shown.1), Some(shown.2)));
+        ((rx, tx, hs), shown)
+    });
     let dev_key = prom_value(
         &pair.a,
         &format!("count(wireguard_peer_allowed_ips_info{{device=\"{name}\",family=\"IPv4\"}})"),
@@ -209,20 +221,11 @@ fn prometheus_stores_what_wg_shows() {
     for (direction, timed) in [("rx", "rx_timed"), ("tx", "tx_timed")] {
         let on = format!("{{device=\"{name}\",direction=\"{direction}\"}}");
         let count = format!("wirelane_packet_sojourn_seconds_count{on}");
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            let timed = wirelane_lab::uapi::stats(&name).expect("stats=1")[timed] as f64;
-            assert!(timed > 0.0, "{direction}: nothing timed");
-            let stored = prom_value(&pair.a, &count);
-            if stored == Some(timed) {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{direction}: Prometheus holds {stored:?}, stats=1 says {timed}"
-            );
-            std::thread::sleep(Duration::from_millis(250));
-        }
+        until_stored(&format!("{timed} as the {direction} sojourn count"), || {
+            let n = wirelane_lab::uapi::stats(&name).expect("stats=1")[timed] as f64;
+            assert!(n > 0.0, "{direction}: nothing timed");
+            (prom_value(&pair.a, &count), Some(Some(n)))
+        });
         let p99 = prom_value(
             &pair.a,
             &format!("histogram_quantile(0.99, wirelane_packet_sojourn_seconds_bucket{on})"),
