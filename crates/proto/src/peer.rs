@@ -35,10 +35,8 @@ pub trait IndexTable {
 pub struct Ctx<'a> {
     /// Monotonic time since an arbitrary origin.
     pub now: Duration,
-    /// Wall-clock time since the Unix epoch (TAI64N timestamps, last handshake time),
-    /// read only by the steps that need it: handshakes, not the data sends that make up
-    /// nearly every step.
-    pub wall: &'a dyn Fn() -> Duration,
+    /// Wall-clock time since the Unix epoch (TAI64N timestamps, last handshake time).
+    pub wall: Duration,
     pub rng: &'a mut dyn RngCore,
     /// Our static identity; `None` while no private key is configured.
     pub local: Option<&'a LocalIdentity>,
@@ -209,17 +207,16 @@ impl PeerState {
     fn send_initiation(&mut self, ctx: &mut Ctx, out: &mut Vec<Output>) {
         let Some(local) = ctx.local else { return };
         let index = ctx.indices.allocate();
-        let (msg, replaced) =
-            match self
-                .handshake
-                .create_initiation(local, index, (ctx.wall)(), ctx.rng)
-            {
-                Ok(r) => r,
-                Err(_) => {
-                    ctx.indices.release(index);
-                    return;
-                }
-            };
+        let (msg, replaced) = match self
+            .handshake
+            .create_initiation(local, index, ctx.wall, ctx.rng)
+        {
+            Ok(r) => r,
+            Err(_) => {
+                ctx.indices.release(index);
+                return;
+            }
+        };
         if let Some(old) = replaced {
             ctx.indices.release(old);
         }
@@ -301,7 +298,7 @@ impl PeerState {
         release(ctx, old_prev);
         self.current = Some(kp);
         self.session_derived(ctx.now);
-        self.handshake_complete((ctx.wall)());
+        self.handshake_complete(ctx.wall);
         out.push(Output::SendStaged {
             keepalive_if_empty: true,
         });
@@ -394,7 +391,7 @@ impl PeerState {
             let old_current = std::mem::replace(&mut self.current, next);
             let old_prev = std::mem::replace(&mut self.previous, old_current);
             release(ctx, old_prev);
-            self.handshake_complete((ctx.wall)());
+            self.handshake_complete(ctx.wall);
             out.push(Output::SendStaged {
                 keepalive_if_empty: false,
             });

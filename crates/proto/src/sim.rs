@@ -168,7 +168,7 @@ impl Sim {
         let r = {
             let mut ctx = Ctx {
                 now,
-                wall: &|| EPOCH + now,
+                wall: EPOCH + now,
                 rng: &mut n.rng,
                 local: Some(&n.local),
                 indices: &mut n.indices,

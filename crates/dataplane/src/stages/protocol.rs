@@ -45,7 +45,7 @@ pub fn take_step<R>(
         let r = with_step_rng(|rng| {
             let mut ctx = Ctx {
                 now: iface.now(),
-                wall: &|| iface.wall(),
+                wall: iface.wall(),
                 rng,
                 local: identity.as_deref(),
                 indices: &mut indices,
