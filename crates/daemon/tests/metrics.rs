@@ -206,9 +206,12 @@ fn prometheus_stores_what_wg_shows() {
         let rx = query("wireguard_peer_receive_bytes_total");
         let tx = query("wireguard_peer_transmit_bytes_total");
         let hs = query("wireguard_peer_last_handshake_seconds");
-        let shown = (p.rx as f64, p.tx as f64, p.latest_handshake as f64);
-        let shown = (p.tx > 8 << 20).then_some((Some(shown.0), Some(shown.1), Some(shown.2)));
-        ((rx, tx, hs), shown)
+        let shown = (
+            Some(p.rx as f64),
+            Some(p.tx as f64),
+            Some(p.latest_handshake as f64),
+        );
+        ((rx, tx, hs), (p.tx > 8 << 20).then_some(shown))
     });
     let dev_key = prom_value(
         &pair.a,

@@ -21,8 +21,6 @@ pub struct Tun {
     /// The kernel took UDP segmentation offload (USO, Linux 6.2 and later): reads may
     /// be UDP super-packets, and writes may be too.
     uso: bool,
-    /// Opened with `IFF_MULTI_QUEUE`.
-    multi: bool,
 }
 
 /// Most queues a device gets: the kernel takes up to 256 (`MAX_TAP_QUEUES`); one
@@ -81,14 +79,14 @@ impl Tun {
     /// With `queues` > 1 the device is multi-queue with that many queues, unless the
     /// kernel refuses (an existing single-queue device of that name): one queue then.
     pub fn create(name: &str, offloads: bool, queues: usize) -> io::Result<Tun> {
-        let mut t = Self::create_queue(name, offloads, queues > 1).or_else(|e| {
-            if queues > 1 && e.raw_os_error() == Some(libc::EINVAL) {
-                Self::create_queue(name, offloads, false)
-            } else {
-                Err(e)
+        let multi = queues > 1;
+        let (mut t, multi) = match Self::create_queue(name, offloads, multi) {
+            Err(e) if multi && e.raw_os_error() == Some(libc::EINVAL) => {
+                (Self::create_queue(name, offloads, false)?, false)
             }
-        })?;
-        if t.multi {
+            r => (r?, multi),
+        };
+        if multi {
             for _ in 1..queues.min(MAX_QUEUES) {
                 let q = Self::open(name, t.vnet, true)?;
                 t.more.push(q.fd);
@@ -165,7 +163,6 @@ impl Tun {
             more: Vec::new(),
             name: actual,
             vnet,
-            multi,
             uso: false,
         })
     }

@@ -80,6 +80,12 @@ fn tun_with_queues(offloads: bool, queues: usize) -> (Tun, UdpSocket) {
     (tun, sock)
 }
 
+/// Whether `pkt`, after a header of `hdr` bytes, is an IPv4 UDP packet (what else the
+/// kernel sends a new interface, IPv6 solicitations, is not).
+fn is_ipv4_udp(pkt: &[u8], hdr: usize) -> bool {
+    pkt.len() > hdr + 28 && pkt[hdr] >> 4 == 4 && pkt[hdr + 9] == 17
+}
+
 /// The first IPv4/UDP packet read from the TUN, with its vnet header if it has one
 /// (what else the kernel sends a new interface, IPv6 solicitations, is skipped).
 fn read_udp_packet(tun: &Tun) -> Vec<u8> {
@@ -92,9 +98,7 @@ fn read_udp_packet(tun: &Tun) -> Vec<u8> {
             "nothing routed to the TUN was read"
         );
         match tun.read(0, &mut buf) {
-            Ok(n) if n > hdr && buf[hdr] >> 4 == 4 && buf[hdr + 9] == 17 => {
-                return buf[..n].to_vec()
-            }
+            Ok(n) if is_ipv4_udp(&buf[..n], hdr) => return buf[..n].to_vec(),
             Ok(_) => {}
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                 std::thread::sleep(Duration::from_millis(5))
@@ -161,8 +165,7 @@ fn multi_queue() {
     while per_queue.iter().sum::<usize>() < socks.len() && Instant::now() < deadline {
         for (q, n) in per_queue.iter_mut().enumerate() {
             match tun.read(q, &mut buf) {
-                // IPv4 UDP to OTHER:9999 (the kernel's own IPv6 chatter is skipped).
-                Ok(len) if len > hdr + 28 && buf[hdr] >> 4 == 4 && buf[hdr + 9] == 17 => *n += 1,
+                Ok(len) if is_ipv4_udp(&buf[..len], hdr) => *n += 1,
                 Ok(_) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                     std::thread::sleep(Duration::from_millis(1))
@@ -196,7 +199,7 @@ fn multi_queue() {
             assert!(Instant::now() < deadline, "the answer was not read");
             let hit = (0..2).find(|&r| {
                 matches!(tun.read(r, &mut buf),
-                    Ok(len) if len > hdr + 28 && buf[hdr] >> 4 == 4 && buf[len - 4..len] == *b"back")
+                    Ok(len) if is_ipv4_udp(&buf[..len], hdr) && buf[len - 4..len] == *b"back")
             });
             match hit {
                 Some(r) => break r,
