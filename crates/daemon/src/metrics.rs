@@ -16,7 +16,6 @@ use prometheus::proto::{
     Bucket, Counter, Gauge, Histogram, LabelPair, Metric, MetricFamily, MetricType,
 };
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use wirelane_dataplane::sockets::SocketRole;
 use wirelane_dataplane::stats::hist_lower_bound;
@@ -279,7 +278,7 @@ fn device(f: &mut Families, d: &Device, rt: &Runtime) {
     }
     let s = &iface.stats;
     // Bucket `i` holds invocations of fewer than `2^i` packets: its bound is `2^i - 1`.
-    let serial = histogram(&s.serial_packets_hist, |i| {
+    let serial = histogram(&s.histogram(|c| &c.serial_packets_hist), |i| {
         (hist_lower_bound(i + 1) - 1) as f64
     });
     f.histogram(
@@ -287,21 +286,21 @@ fn device(f: &mut Families, d: &Device, rt: &Runtime) {
         "Packets handled per serial-stage invocation (an execution-order signature).",
         &on,
         serial,
-        s.serial_packets.load(Ordering::Relaxed) as f64,
+        stat("serial_packets"),
     );
     // Bucket `i` holds sojourns under `2^i` µs.
     let upper_s = |i: usize| hist_lower_bound(i + 1) as f64 / 1e6;
     for (direction, hist, sum) in [
-        ("rx", &s.rx_sojourn_hist, &s.rx_sojourn_ns),
-        ("tx", &s.tx_sojourn_hist, &s.tx_sojourn_ns),
+        ("rx", s.histogram(|c| &c.rx_sojourn_hist), "rx_sojourn_ns"),
+        ("tx", s.histogram(|c| &c.tx_sojourn_hist), "tx_sojourn_ns"),
     ] {
         f.histogram(
             "wirelane_packet_sojourn_seconds",
             "Time from a packet's arrival to its leaving: rx from the kernel's receive \
              time to the TUN write, tx from the TUN read to the UDP send.",
             &[on[0], ("direction", direction)],
-            histogram(hist, upper_s),
-            sum.load(Ordering::Relaxed) as f64 / 1e9,
+            histogram(&hist, upper_s),
+            stat(sum) / 1e9,
         );
     }
 }
@@ -309,11 +308,11 @@ fn device(f: &mut Families, d: &Device, rt: &Runtime) {
 /// The daemon's power-of-two buckets as cumulative Prometheus buckets, bucket `i`
 /// bounded by `upper(i)`. The last bucket, unbounded, is the count: the encoder writes
 /// it as `le="+Inf"`.
-fn histogram(counts: &[AtomicU64], upper: impl Fn(usize) -> f64) -> (Vec<Bucket>, u64) {
+fn histogram(counts: &[u64], upper: impl Fn(usize) -> f64) -> (Vec<Bucket>, u64) {
     let mut cumulative = 0u64;
     let mut buckets = Vec::with_capacity(counts.len());
     for (i, b) in counts.iter().enumerate() {
-        cumulative += b.load(Ordering::Relaxed);
+        cumulative += b;
         if i + 1 == counts.len() {
             break;
         }

@@ -116,12 +116,7 @@ pub fn run(s: Stress) -> Result<Outcome, String> {
     if rig.queued() != 0 {
         return Err(format!("{}: {} packets left queued", s.model, rig.queued()));
     }
-    let invocations = rig
-        .gateway
-        .iface
-        .stats
-        .serial_invocations
-        .load(std::sync::atomic::Ordering::Relaxed);
+    let invocations = rig.gateway.iface.stats.total(|c| &c.serial_invocations);
     Ok(Outcome {
         packets: want,
         invocations,
