@@ -161,7 +161,7 @@ impl Interface {
             if let Some(s) = new_sockets {
                 self.replace_sockets(s);
             } else if mark != cur_mark {
-                self.sockets_mut().fwmark = mark;
+                self.set_sockets_fwmark(mark);
             }
             if let Some(k) = update.private_key {
                 removed.extend(self.change_identity(c, &mut table, k));

@@ -11,12 +11,14 @@
 use crate::budget::Budgets;
 use crate::codel::{Codel, CodelParams};
 use crate::fq_codel::{QueueDiscipline, QueuePolicy};
+use crate::idmap::IdMap;
 use crate::netwatch::NetWatch;
 use crate::peer::Peer;
 use crate::ports::TunPort;
 use crate::sockets::Sockets;
 use crate::stats::Stats;
 use crate::underload::{ReplyRate, MAX_QUEUED_HANDSHAKES, UNDER_LOAD_AFTER, UNDER_LOAD_THRESHOLD};
+use arc_swap::{ArcSwap, ArcSwapOption};
 use crossbeam_channel::{Receiver, Sender};
 use rand_core::{OsRng, RngCore};
 use std::cmp::Reverse;
@@ -49,7 +51,7 @@ pub struct HandshakeJob {
 #[derive(Default)]
 pub struct PeerTable {
     pub by_key: HashMap<[u8; 32], Arc<Peer>>,
-    pub by_id: HashMap<u32, Arc<Peer>>,
+    pub by_id: IdMap<Arc<Peer>>,
     pub allowed: AllowedIps<u32>,
     pub next_id: u32,
 }
@@ -84,10 +86,12 @@ pub struct Interface {
     /// (its drops then land on peers in proportion to their traffic).
     pub rx_codel: Mutex<Codel>,
     origin: Instant,
-    identity: RwLock<Option<Arc<LocalIdentity>>>,
+    /// Read by every protocol step, so twice per packet sent; written only by a
+    /// configuration change. An `ArcSwap`, not a lock: see [`Interface::sockets`].
+    identity: ArcSwapOption<LocalIdentity>,
     table: RwLock<PeerTable>,
-    indices: Mutex<HashMap<u32, Arc<Peer>>>,
-    sockets: RwLock<Sockets>,
+    indices: Mutex<IdMap<Arc<Peer>>>,
+    sockets: ArcSwap<Sockets>,
     /// Bumped whenever the sockets are replaced, so readers pick up new ones.
     pub sockets_generation: AtomicU64,
     gate: Mutex<Option<Gate>>,
@@ -119,7 +123,7 @@ pub struct Interface {
 
 /// Index-table view handed to the protocol for one peer.
 pub(crate) struct PeerIndices<'a> {
-    map: &'a Mutex<HashMap<u32, Arc<Peer>>>,
+    map: &'a Mutex<IdMap<Arc<Peer>>>,
     peer: &'a Arc<Peer>,
 }
 
@@ -167,10 +171,10 @@ impl Interface {
             codel: policy.codel,
             rx_codel: Mutex::new(Codel::default()),
             origin: Instant::now(),
-            identity: RwLock::new(None),
+            identity: ArcSwapOption::empty(),
             table: RwLock::new(PeerTable::default()),
-            indices: Mutex::new(HashMap::new()),
-            sockets: RwLock::new(sockets),
+            indices: Mutex::new(IdMap::default()),
+            sockets: ArcSwap::from_pointee(sockets),
             sockets_generation: AtomicU64::new(0),
             budgets: Budgets::default(),
             max_peers: AtomicUsize::new(MAX_PEERS_PER_INTERFACE),
@@ -207,17 +211,20 @@ impl Interface {
     // --- shared state accessors ---
 
     pub fn identity(&self) -> Option<Arc<LocalIdentity>> {
-        self.identity
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.identity.load_full()
+    }
+
+    /// The identity for a moment (a protocol step), without touching its reference
+    /// count: that count's cache line is every thread's, the guard's slot this thread's.
+    pub(crate) fn identity_now(&self) -> arc_swap::Guard<Option<Arc<LocalIdentity>>> {
+        self.identity.load()
     }
 
     pub(crate) fn set_identity(&self, id: Option<Arc<LocalIdentity>>) {
         *self.gate.lock().unwrap_or_else(|p| p.into_inner()) = id
             .as_ref()
             .map(|i| Gate::new(&i.public, RATE_LIMITER_CAPACITY));
-        *self.identity.write().unwrap_or_else(|p| p.into_inner()) = id;
+        self.identity.store(id);
     }
 
     pub fn table(&self) -> RwLockReadGuard<'_, PeerTable> {
@@ -239,16 +246,31 @@ impl Interface {
         self.table.write().unwrap_or_else(|p| p.into_inner())
     }
 
-    pub fn sockets(&self) -> RwLockReadGuard<'_, Sockets> {
-        self.sockets.read().unwrap_or_else(|p| p.into_inner())
+    /// The sockets, for a moment: hold the guard no longer than a send or a receive.
+    ///
+    /// Why an `ArcSwap` rather than a read-write lock: every flush reads them, so with
+    /// a thousand peers every packet sent did, and a read lock is a write to the lock's
+    /// cache line, which every reader and worker shares. A guard writes a slot of the
+    /// calling thread's own. Race: a sender that loaded the sockets just before a
+    /// replacement sends once more on the old ones, as it would have under the lock
+    /// taken just before the writer's.
+    pub fn sockets(&self) -> arc_swap::Guard<Arc<Sockets>> {
+        self.sockets.load()
     }
 
-    pub(crate) fn sockets_mut(&self) -> RwLockWriteGuard<'_, Sockets> {
-        self.sockets.write().unwrap_or_else(|p| p.into_inner())
+    /// Changes the sockets' fwmark (already applied to them): copies of the same
+    /// sockets with the new mark replace them.
+    pub(crate) fn set_sockets_fwmark(&self, mark: u32) {
+        self.sockets.rcu(|s| {
+            Arc::new(Sockets {
+                fwmark: mark,
+                ..Sockets::clone(s)
+            })
+        });
     }
 
     pub(crate) fn replace_sockets(&self, s: Sockets) {
-        let old = std::mem::replace(&mut *self.sockets_mut(), s);
+        let old = self.sockets.swap(Arc::new(s));
         self.sockets_generation.fetch_add(1, Ordering::SeqCst);
         // After the generation moved: a woken reader must see the new one.
         if let Some(w) = &old.retired {

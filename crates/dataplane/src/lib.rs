@@ -24,6 +24,8 @@ pub mod fq_codel;
 #[cfg(not(loom))]
 pub mod icmp;
 #[cfg(not(loom))]
+pub mod idmap;
+#[cfg(not(loom))]
 pub mod inner;
 #[cfg(not(loom))]
 pub mod interface;

@@ -37,7 +37,7 @@ pub fn take_step<R>(
     f: impl FnOnce(&mut PeerState, &mut Ctx, &mut Vec<Output>) -> R,
 ) -> (R, Vec<Output>) {
     let iface = c.iface;
-    let identity = iface.identity();
+    let identity = iface.identity_now();
     let mut out = Vec::new();
     let (r, deadline) = {
         let mut state = peer.state();
