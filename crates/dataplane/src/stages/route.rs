@@ -75,39 +75,53 @@ fn is_own_outer(dev: &Interface, packet: &[u8], port: u16) -> bool {
         && dev.netwatch.is_host_address(&src) == Some(true)
 }
 
-pub fn route(c: StageCtx<'_>, packets: Vec<Packet>) -> Vec<(Arc<Peer>, Vec<Packet>)> {
+pub fn route(c: StageCtx<'_>, mut packets: Vec<Packet>) -> Vec<(Arc<Peer>, Vec<Packet>)> {
     let dev = c.iface;
-    let mut groups: Vec<(Arc<Peer>, Vec<Packet>)> = Vec::new();
-    let table = dev.table();
-    let mtu_routes = dev.netwatch.mtu_routes();
-    let port = dev.sockets().port;
-    let total = packets.len();
-    for (i, mut p) in packets.into_iter().enumerate() {
-        if is_own_outer(dev, p.plaintext(), port) {
-            dev.stats.tx_routing_loop.fetch_add(1, Ordering::Relaxed);
-            continue;
-        }
-        let dst = inner::parse(p.plaintext()).map(|h| h.dst);
-        if let (Some(routes), Some(dst)) = (&mtu_routes, dst) {
-            p.route_mtu = routes.lookup(dst).unwrap_or(0);
-        }
-        let peer = dst.and_then(|d| table.route(d));
-        let Some(peer) = peer else {
-            dev.stats.tx_no_route.fetch_add(1, Ordering::Relaxed);
-            answer_unreachable(dev, p.plaintext());
-            continue;
-        };
-        // Few peers per batch in practice: a linear probe beats hashing here.
-        match groups.iter_mut().find(|(q, _)| q.id == peer.id) {
-            Some((_, v)) => v.push(p),
-            None => {
-                // The first peer's group usually takes the whole vector (bulk to one
-                // peer): room for the rest at once, rather than regrowing five times.
-                let room = if groups.is_empty() { total - i } else { 4 };
-                let mut v = Vec::with_capacity(room);
-                v.push(p);
-                groups.push((peer.clone(), v));
+    // Pass one finds each packet's peer; pass two moves the packets into groups of
+    // exactly their size. Sized in one pass, each new group had to guess: room for the
+    // whole read (a 64-packet allocation for one packet, at many peers) or a little
+    // (five regrowths, at one).
+    let mut peers: Vec<(u32, Arc<Peer>, usize)> = Vec::new();
+    let mut group_of: Vec<Option<usize>> = Vec::with_capacity(packets.len());
+    {
+        let table = dev.table();
+        let mtu_routes = dev.netwatch.mtu_routes();
+        let port = dev.sockets().port;
+        for p in &mut packets {
+            group_of.push(None);
+            if is_own_outer(dev, p.plaintext(), port) {
+                dev.stats.tx_routing_loop.fetch_add(1, Ordering::Relaxed);
+                continue;
             }
+            let dst = inner::parse(p.plaintext()).map(|h| h.dst);
+            if let (Some(routes), Some(dst)) = (&mtu_routes, dst) {
+                p.route_mtu = routes.lookup(dst).unwrap_or(0);
+            }
+            let Some(peer) = dst.and_then(|d| table.route(d)) else {
+                dev.stats.tx_no_route.fetch_add(1, Ordering::Relaxed);
+                answer_unreachable(dev, p.plaintext());
+                continue;
+            };
+            // Few peers per read in practice: a linear probe over their ids (no
+            // pointer to follow) beats hashing.
+            let g = match peers.iter().position(|(id, _, _)| *id == peer.id) {
+                Some(g) => g,
+                None => {
+                    peers.push((peer.id, peer.clone(), 0));
+                    peers.len() - 1
+                }
+            };
+            peers[g].2 += 1;
+            *group_of.last_mut().expect("pushed above") = Some(g);
+        }
+    }
+    let mut groups: Vec<(Arc<Peer>, Vec<Packet>)> = peers
+        .into_iter()
+        .map(|(_, peer, n)| (peer, Vec::with_capacity(n)))
+        .collect();
+    for (p, g) in packets.into_iter().zip(group_of) {
+        if let Some(g) = g {
+            groups[g].1.push(p);
         }
     }
     groups
