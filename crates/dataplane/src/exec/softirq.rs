@@ -21,7 +21,7 @@
 
 use super::{next_or_stop, ExecModel, Joined, Model, Shared, StopSignal};
 use crate::interface::Interface;
-use crate::sched::{CryptWork, Direction, Scheduler, SerialWork};
+use crate::sched::{Crypt, CryptWork, Direction, Scheduler, Serial, SerialWork};
 use crate::stages;
 use crate::threads;
 use crossbeam_channel::{Receiver, Sender};
@@ -115,9 +115,9 @@ impl Softirq {
         }
         while let Some(item) = next_or_stop(&core.work_rx, &self.stop) {
             match item {
-                Item::Crypt(w) => stages::run_crypt(self, w),
+                Item::Crypt(w) => stages::run_crypt(self, w.as_crypt()),
                 Item::Flush(w) => {
-                    stages::run_serial(self, &w, usize::MAX);
+                    stages::run_serial(self, w.as_serial(), usize::MAX);
                 }
             }
         }
@@ -147,7 +147,7 @@ impl Softirq {
             // spent, taking newly raised peers between polls.
             let mut handled = 0;
             while let Some(w) = list.pop_front() {
-                let d = stages::run_serial(self, &w, NAPI_BUDGET);
+                let d = stages::run_serial(self, w.as_serial(), NAPI_BUDGET);
                 handled += d.packets;
                 if d.more {
                     list.push_back(w);
@@ -166,7 +166,7 @@ impl Softirq {
     fn ksoftirqd_run(&self, core: &Core, list: &mut VecDeque<SerialWork>, priority: Priority) {
         lower_priority(priority);
         while let Some(w) = list.pop_front() {
-            if stages::run_serial(self, &w, NAPI_BUDGET).more {
+            if stages::run_serial(self, w.as_serial(), NAPI_BUDGET).more {
                 list.push_back(w);
             }
             list.extend(core.poll_rx.try_iter());
@@ -216,21 +216,21 @@ fn restore_priority(p: Priority) {
 }
 
 impl Scheduler for Softirq {
-    fn submit_crypt(&self, work: CryptWork) {
+    fn submit_crypt(&self, work: Crypt<'_>) {
         let i = self.next.fetch_add(1, Ordering::Relaxed) % self.cores.len();
-        let _ = self.cores[i].work_tx.send(Item::Crypt(work));
+        let _ = self.cores[i].work_tx.send(Item::Crypt(work.into_owned()));
     }
 
-    fn schedule_serial(&self, work: SerialWork) {
+    fn schedule_serial(&self, work: Serial<'_>) {
         match work.dir {
             // napi_schedule(): on the poller of the core this completion runs on.
             Direction::Rx => {
-                let _ = self.cores[self.this_core()].poll_tx.send(work);
+                let _ = self.cores[self.this_core()].poll_tx.send(work.into_owned());
             }
             // The peer's transmit work, on its fixed core's worker queue.
             Direction::Tx => {
                 let i = work.peer.id as usize % self.cores.len();
-                let _ = self.cores[i].work_tx.send(Item::Flush(work));
+                let _ = self.cores[i].work_tx.send(Item::Flush(work.into_owned()));
             }
         }
     }

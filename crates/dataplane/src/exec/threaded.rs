@@ -20,7 +20,7 @@
 use super::{next_or_stop, ExecModel, Joined, Model, Shared, StopSignal};
 use crate::interface::Interface;
 use crate::peer::Peer;
-use crate::sched::{CryptWork, Scheduler, SerialWork};
+use crate::sched::{Crypt, CryptWork, Scheduler, Serial, SerialWork};
 use crate::stages;
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use std::collections::HashMap;
@@ -83,7 +83,7 @@ impl Threaded {
             let me = t.clone();
             let h = t.shared.threads.spawn(format!("wl-crypt-{i}"), move || {
                 while let Some(w) = next_or_stop(&me.crypt_rx, &me.stop) {
-                    stages::run_crypt(&*me, w);
+                    stages::run_crypt(&*me, w.as_crypt());
                 }
             })?;
             t.threads.push(h);
@@ -141,7 +141,7 @@ impl Threaded {
             };
             match item {
                 Ok(w) => {
-                    stages::run_serial(self, &w, usize::MAX);
+                    stages::run_serial(self, w.as_serial(), usize::MAX);
                 }
                 Err(RecvTimeoutError::Disconnected) => return,
                 Err(RecvTimeoutError::Timeout) => {
@@ -157,22 +157,22 @@ impl Threaded {
 }
 
 impl Scheduler for Threaded {
-    fn submit_crypt(&self, work: CryptWork) {
-        let _ = self.crypt_tx.send(work);
+    fn submit_crypt(&self, work: Crypt<'_>) {
+        let _ = self.crypt_tx.send(work.into_owned());
     }
 
-    fn schedule_serial(&self, work: SerialWork) {
+    fn schedule_serial(&self, work: Serial<'_>) {
         let key = (work.iface.id, work.peer.id);
         let mut map = self.serial.lock().unwrap_or_else(|p| p.into_inner());
         match self.thread_for(&mut map, key) {
             Some(t) => {
-                let _ = t.tx.send(work);
+                let _ = t.tx.send(work.into_owned());
             }
             // No thread could be started (the process is out of threads): run it here,
             // so the wake-up is not lost.
             None => {
                 drop(map);
-                stages::run_serial(self, &work, usize::MAX);
+                stages::run_serial(self, work, usize::MAX);
             }
         }
     }

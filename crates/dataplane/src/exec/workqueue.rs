@@ -10,14 +10,14 @@
 //! (`fairq`): under overload each tunnel gets an equal share of the pool, in packets.
 //!
 //! The idle shortcut: a reader (see `loops::is_reader_thread`) that finds the queue
-//! empty runs a small item itself rather than waking a worker for it, at most one
-//! crypt item per read (see [`Workqueue::run_here`]).
+//! empty runs a small item itself rather than waking a worker for it, as many crypt
+//! items per read as `loops::shortcuts_per_read` allows (see [`Workqueue::runs_here`]).
 
 use super::fairq::FairQueue;
 use super::{ExecModel, Joined, Model, Shared};
 use crate::interface::Interface;
 use crate::loops::{is_reader_thread, take_shortcut};
-use crate::sched::{CryptWork, Direction, Scheduler, SerialWork};
+use crate::sched::{Crypt, CryptWork, Scheduler, Serial, SerialWork};
 use crate::stages;
 use std::sync::Arc;
 
@@ -55,16 +55,18 @@ impl Workqueue {
 
     fn run(&self, item: Item) {
         match item {
-            Item::Crypt(w) => stages::run_crypt(self, w),
+            Item::Crypt(w) => stages::run_crypt(self, w.as_crypt()),
             Item::Serial(w) => {
-                stages::run_serial(self, &w, usize::MAX);
+                stages::run_serial(self, w.as_serial(), usize::MAX);
             }
         }
     }
 
-    /// The idle shortcut: on a reader thread, with the shared FIFO empty, a small item
-    /// runs at once on this thread rather than waking a worker for it. Returns the item
-    /// when it must be queued instead.
+    /// The idle shortcut: whether a small item, submitted on a reader thread with the
+    /// shared FIFO empty, runs at once on this thread rather than waking a worker for
+    /// it. `crypt` items also need the read's shortcut (`loops::take_shortcut`): the
+    /// first items of a read run here, the rest go to the workers. A serial stage needs
+    /// none: it follows an item this reader ran, or finds four packets at most.
     ///
     /// Order is unchanged: with the FIFO empty the item would have been the only one
     /// queued, so no earlier stage is overtaken; a batch a worker is still sealing or
@@ -72,31 +74,14 @@ impl Workqueue {
     /// drains in order whichever thread runs it. What it saves is the wake-up of a
     /// sleeping worker (tens of microseconds on a VM) in each direction of a request
     /// and its response. Larger batches are queued still: a reader busy with crypto
-    /// stops reading, and the workers exist to run those in parallel.
-    fn run_here(&self, item: Item) -> Option<Item> {
-        // A serial stage drains everything finished in its peer's queue, which under
-        // bulk traffic can be many batches sealed by the workers: those stay with them.
-        let small = match &item {
-            Item::Crypt(w) => w.batch.len() <= SHORTCUT_MAX_PACKETS,
-            Item::Serial(w) => {
-                let q = match w.dir {
-                    Direction::Tx => &w.peer.tx_queue,
-                    Direction::Rx => &w.peer.rx_queue,
-                };
-                q.queued_packets() <= SHORTCUT_MAX_PACKETS
-            }
-        };
-        // A crypt item also needs the read's one shortcut (`loops::take_shortcut`):
-        // the first item of a read runs here, the rest of a read go to the workers.
-        // A serial stage needs none: it follows an item this reader ran, or finds
-        // four packets at most.
-        let allowed = |item: &Item| matches!(item, Item::Serial(_)) || take_shortcut();
-        if small && is_reader_thread() && self.queue.is_empty() && allowed(&item) {
-            self.run(item);
-            None
-        } else {
-            Some(item)
-        }
+    /// stops reading, and the workers exist to run those in parallel. A serial stage
+    /// drains everything finished in its peer's queue, which under bulk traffic can be
+    /// many batches sealed by the workers: those stay with them too.
+    fn runs_here(&self, packets: usize, crypt: bool) -> bool {
+        packets <= SHORTCUT_MAX_PACKETS
+            && is_reader_thread()
+            && self.queue.is_empty()
+            && (!crypt || take_shortcut())
     }
 
     /// A worker: runs items until the model stops.
@@ -105,32 +90,28 @@ impl Workqueue {
             self.run(item);
         }
     }
-
-    fn submit(&self, item: Item) {
-        if let Some(item) = self.run_here(item) {
-            // Cost in packets: a crypt batch's, or what a serial stage will find.
-            let (lane, cost) = match &item {
-                Item::Crypt(w) => (w.iface.id, w.batch.len()),
-                Item::Serial(w) => {
-                    let q = match w.dir {
-                        Direction::Tx => &w.peer.tx_queue,
-                        Direction::Rx => &w.peer.rx_queue,
-                    };
-                    (w.iface.id, q.queued_packets())
-                }
-            };
-            self.queue.push(lane, item, cost);
-        }
-    }
 }
 
 impl Scheduler for Workqueue {
-    fn submit_crypt(&self, work: CryptWork) {
-        self.submit(Item::Crypt(work));
+    fn submit_crypt(&self, work: Crypt<'_>) {
+        let packets = work.batch.len();
+        if self.runs_here(packets, true) {
+            return stages::run_crypt(self, work);
+        }
+        let lane = work.iface.id;
+        self.queue
+            .push(lane, Item::Crypt(work.into_owned()), packets);
     }
 
-    fn schedule_serial(&self, work: SerialWork) {
-        self.submit(Item::Serial(work));
+    fn schedule_serial(&self, work: Serial<'_>) {
+        // Cost in packets: what the stage will find.
+        let packets = work.queue().queued_packets();
+        if self.runs_here(packets, false) {
+            stages::run_serial(self, work, usize::MAX);
+            return;
+        }
+        self.queue
+            .push(work.iface.id, Item::Serial(work.into_owned()), packets);
     }
 
     fn submit_handshake(&self, iface: &Arc<Interface>) {

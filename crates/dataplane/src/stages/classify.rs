@@ -9,7 +9,7 @@
 use super::gate::Replies;
 use super::StageCtx;
 use crate::packet::{Batch, Packet};
-use crate::sched::{CryptWork, Direction};
+use crate::sched::{Crypt, Direction};
 use std::sync::atomic::Ordering;
 use wirelane_proto::messages::{classify as kind_of, Kind, TransportHeader};
 
@@ -68,9 +68,9 @@ fn dispatch(c: StageCtx<'_>, index: u32, packets: Vec<Packet>, now: std::time::D
         .wait_for_room(n, std::time::Duration::from_millis(100));
     let batch = Batch::new(kp, packets);
     if peer.rx_queue.push(batch.clone(), n) {
-        c.sched.submit_crypt(CryptWork {
-            iface: dev.clone(),
-            peer: peer.clone(),
+        c.sched.submit_crypt(Crypt {
+            iface: dev,
+            peer: &peer,
             batch,
             dir: Direction::Rx,
         });

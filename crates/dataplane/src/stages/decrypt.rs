@@ -7,15 +7,15 @@
 use super::StageCtx;
 use crate::packet::Batch;
 use crate::peer::Peer;
-use crate::sched::{Direction, SerialWork};
+use crate::sched::{Direction, Serial};
 use std::sync::Arc;
 
 pub fn decrypt(c: StageCtx<'_>, peer: &Arc<Peer>, batch: Arc<Batch>) {
     open_batch(&batch);
     if peer.rx_queue.schedule() {
-        c.sched.schedule_serial(SerialWork {
-            iface: c.iface.clone(),
-            peer: peer.clone(),
+        c.sched.schedule_serial(Serial {
+            iface: c.iface,
+            peer,
             dir: Direction::Rx,
         });
     }

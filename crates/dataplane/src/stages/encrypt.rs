@@ -11,16 +11,16 @@ use super::StageCtx;
 use crate::inner;
 use crate::packet::{Batch, HEADROOM};
 use crate::peer::Peer;
-use crate::sched::{Direction, SerialWork};
+use crate::sched::{Direction, Serial};
 use std::sync::Arc;
 use wirelane_proto::messages::padded_len;
 
 pub fn encrypt(c: StageCtx<'_>, peer: &Arc<Peer>, batch: Arc<Batch>) {
     seal_batch(&batch, c.iface.mtu());
     if peer.tx_queue.schedule() {
-        c.sched.schedule_serial(SerialWork {
-            iface: c.iface.clone(),
-            peer: peer.clone(),
+        c.sched.schedule_serial(Serial {
+            iface: c.iface,
+            peer,
             dir: Direction::Tx,
         });
     }

@@ -28,7 +28,7 @@ pub mod udp_recv;
 
 use crate::interface::Interface;
 use crate::queue::Drained;
-use crate::sched::{CryptWork, Direction, Scheduler, SerialWork};
+use crate::sched::{Crypt, Direction, Scheduler, Serial};
 use std::cell::Cell;
 use std::sync::Arc;
 use std::time::Instant;
@@ -73,33 +73,30 @@ fn timed<R>(iface: &Interface, f: impl FnOnce() -> R) -> R {
 
 /// Runs one crypt item (seal or open); a model's workers call this. The time it takes
 /// counts as its interface's busy time.
-pub fn run_crypt(sched: &dyn Scheduler, w: CryptWork) {
-    let CryptWork {
+pub fn run_crypt(sched: &dyn Scheduler, w: Crypt<'_>) {
+    let Crypt {
         iface,
         peer,
         batch,
         dir,
     } = w;
-    let c = StageCtx {
-        iface: &iface,
-        sched,
-    };
-    timed(&iface, || match dir {
-        Direction::Tx => encrypt::encrypt(c, &peer, batch),
-        Direction::Rx => decrypt::decrypt(c, &peer, batch),
+    let c = StageCtx { iface, sched };
+    timed(iface, || match dir {
+        Direction::Tx => encrypt::encrypt(c, peer, batch),
+        Direction::Rx => decrypt::decrypt(c, peer, batch),
     })
 }
 
 /// Runs one serial item for at most `budget` packets (`usize::MAX`: everything
 /// ready). When the result says [`Drained::more`], the stage is still scheduled and
 /// the caller must run it again.
-pub fn run_serial(sched: &dyn Scheduler, w: &SerialWork, budget: usize) -> Drained {
+pub fn run_serial(sched: &dyn Scheduler, w: Serial<'_>, budget: usize) -> Drained {
     let c = StageCtx {
-        iface: &w.iface,
+        iface: w.iface,
         sched,
     };
-    timed(&w.iface, || match w.dir {
-        Direction::Tx => tx_flush::flush(c, &w.peer, budget),
-        Direction::Rx => rx_deliver::deliver(c, &w.peer, budget),
+    timed(w.iface, || match w.dir {
+        Direction::Tx => tx_flush::flush(c, w.peer, budget),
+        Direction::Rx => rx_deliver::deliver(c, w.peer, budget),
     })
 }

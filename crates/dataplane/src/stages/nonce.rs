@@ -21,7 +21,7 @@ use super::StageCtx;
 use crate::fq_codel::QueueDiscipline;
 use crate::packet::{Batch, Packet, MAX_BATCH};
 use crate::peer::Peer;
-use crate::sched::{CryptWork, Direction};
+use crate::sched::{Crypt, Direction};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -135,9 +135,9 @@ pub fn assign_and_enqueue(c: StageCtx<'_>, peer: &Arc<Peer>, packets: Vec<Packet
             }
         });
         match pending {
-            Ok(batch) => c.sched.submit_crypt(CryptWork {
-                iface: c.iface.clone(),
-                peer: peer.clone(),
+            Ok(batch) => c.sched.submit_crypt(Crypt {
+                iface: c.iface,
+                peer,
                 batch,
                 dir: Direction::Tx,
             }),
