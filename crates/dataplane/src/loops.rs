@@ -134,6 +134,7 @@ fn tun_reader(iface: &Arc<Interface>, sched: &dyn Scheduler, queue: usize) {
     READER.set(true);
     let c = StageCtx { iface, sched };
     let mut scratch = vec![0u8; stages::tun_read::SCRATCH_LEN];
+    let mut packets = Vec::with_capacity(stages::tun_read::READ_CAPACITY);
     let shortcuts = shortcuts_per_read(iface.tun.queues());
     while !iface.stopping() {
         match wait_readable(iface.tun.queue_fd(queue), &iface.waker, -1) {
@@ -142,10 +143,10 @@ fn tun_reader(iface: &Arc<Interface>, sched: &dyn Scheduler, queue: usize) {
             Ok(Ready::Woken) => return,
             Err(e) => return iface.fail(format!("polling the TUN device failed: {e}")),
         }
-        match stages::tun_read::read_batch(iface, queue, &mut scratch) {
-            Ok(packets) => {
+        match stages::tun_read::read_batch(iface, queue, &mut scratch, &mut packets) {
+            Ok(()) => {
                 begin_read(shortcuts);
-                stages::nonce::enqueue_routed(c, stages::route::route(c, packets))
+                stages::nonce::enqueue_routed(c, stages::route::route(c, &mut packets))
             }
             // The interface was deleted (e.g. `ip link del`, `wg-quick down`).
             Err(e) => return iface.fail(format!("TUN device is gone: {e}")),

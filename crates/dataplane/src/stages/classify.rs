@@ -13,12 +13,13 @@ use crate::sched::{Crypt, Direction};
 use std::sync::atomic::Ordering;
 use wirelane_proto::messages::{classify as kind_of, Kind, TransportHeader};
 
-pub fn classify(c: StageCtx<'_>, packets: Vec<Packet>, replies: &mut Replies) {
+/// Takes every packet out of `packets` (leaving its allocation for the next receive).
+pub fn classify(c: StageCtx<'_>, packets: &mut Vec<Packet>, replies: &mut Replies) {
     let dev = c.iface;
     let now = dev.now();
     // Runs of consecutive packets for the same receiver index become one batch.
     let mut run: Option<(u32, Vec<Packet>)> = None;
-    for mut p in packets {
+    for mut p in packets.drain(..) {
         let Some(src) = p.src else { continue };
         let dgram = p.datagram();
         match kind_of(dgram) {

@@ -75,7 +75,8 @@ fn is_own_outer(dev: &Interface, packet: &[u8], port: u16) -> bool {
         && dev.netwatch.is_host_address(&src) == Some(true)
 }
 
-pub fn route(c: StageCtx<'_>, mut packets: Vec<Packet>) -> Vec<(Arc<Peer>, Vec<Packet>)> {
+/// Takes every packet out of `packets` (leaving its allocation for the next read).
+pub fn route(c: StageCtx<'_>, packets: &mut Vec<Packet>) -> Vec<(Arc<Peer>, Vec<Packet>)> {
     let dev = c.iface;
     // Pass one finds each packet's peer; pass two moves the packets into groups of
     // exactly their size. Sized in one pass, each new group had to guess: room for the
@@ -87,7 +88,7 @@ pub fn route(c: StageCtx<'_>, mut packets: Vec<Packet>) -> Vec<(Arc<Peer>, Vec<P
         let table = dev.table();
         let mtu_routes = dev.netwatch.mtu_routes();
         let port = dev.sockets().port;
-        for p in &mut packets {
+        for p in packets.iter_mut() {
             group_of.push(None);
             if is_own_outer(dev, p.plaintext(), port) {
                 dev.stats.tx_routing_loop.fetch_add(1, Ordering::Relaxed);
@@ -119,7 +120,7 @@ pub fn route(c: StageCtx<'_>, mut packets: Vec<Packet>) -> Vec<(Arc<Peer>, Vec<P
         .into_iter()
         .map(|(_, peer, n)| (peer, Vec::with_capacity(n)))
         .collect();
-    for (p, g) in packets.into_iter().zip(group_of) {
+    for (p, g) in packets.drain(..).zip(group_of) {
         if let Some(g) = g {
             groups[g].1.push(p);
         }

@@ -16,12 +16,20 @@ use wirelane_io::offload::{split, VnetHdr, VNET_HDR_LEN};
 /// read that fills the buffer anyway was truncated and is dropped.
 pub const SCRATCH_LEN: usize = 40 + 65535 + VNET_HDR_LEN + 1;
 
-/// Reads until about [`MAX_BATCH`] packets are gathered, without blocking. An empty
-/// result means the TUN had nothing queued; an error other than `WouldBlock` means the
-/// TUN is gone.
-pub fn read_batch(dev: &Interface, queue: usize, scratch: &mut [u8]) -> io::Result<Vec<Packet>> {
-    // One super-packet past MAX_BATCH splits into at most 46 more (64 KiB of 1,400).
-    let mut out = Vec::with_capacity(MAX_BATCH + 48);
+/// Room a reader's packet vector needs: one super-packet past [`MAX_BATCH`] splits
+/// into at most 46 more (64 KiB of 1,400).
+pub const READ_CAPACITY: usize = MAX_BATCH + 48;
+
+/// Reads into `out` (empty, with [`READ_CAPACITY`]: the reader keeps one, as a fresh
+/// one per read was a 9 KiB allocation each time) until about [`MAX_BATCH`] packets
+/// are gathered, without blocking. Nothing read means the TUN had nothing queued; an
+/// error other than `WouldBlock` means the TUN is gone.
+pub fn read_batch(
+    dev: &Interface,
+    queue: usize,
+    scratch: &mut [u8],
+    out: &mut Vec<Packet>,
+) -> io::Result<()> {
     let vnet = dev.tun.has_vnet_hdr();
     while out.len() < MAX_BATCH {
         let n = match dev.tun.read(queue, scratch) {
@@ -52,8 +60,8 @@ pub fn read_batch(dev: &Interface, queue: usize, scratch: &mut [u8]) -> io::Resu
     // One clock read per batch: the reads of one batch take microseconds, the
     // sojourns it measures (`tx_flush`) milliseconds.
     let now = dev.wall().as_nanos() as u64;
-    for p in &mut out {
+    for p in out.iter_mut() {
         p.arrival_ns = now;
     }
-    Ok(out)
+    Ok(())
 }

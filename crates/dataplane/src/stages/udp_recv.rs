@@ -14,6 +14,10 @@ pub struct RecvScratch {
     batch: RecvBatch,
     /// The last receive used every buffer, so more may be queued already.
     filled: bool,
+    /// The packets of the last receive. Kept, emptied, from one receive to the next:
+    /// allocated afresh it was a large allocation (hundreds of packets with GRO) and
+    /// several regrowths per receive.
+    packets: Vec<Packet>,
 }
 
 impl RecvScratch {
@@ -26,6 +30,7 @@ impl RecvScratch {
         RecvScratch {
             batch: RecvBatch::new(count, size),
             filled: false,
+            packets: Vec::new(),
         }
     }
 
@@ -37,9 +42,14 @@ impl RecvScratch {
 }
 
 /// Receives what is queued on `sock`, up to one batch of buffers, without blocking.
-pub fn recv_batch(sock: &dyn UdpPort, s: &mut RecvScratch) -> io::Result<Vec<Packet>> {
+pub fn recv_batch<'s>(
+    sock: &dyn UdpPort,
+    s: &'s mut RecvScratch,
+) -> io::Result<&'s mut Vec<Packet>> {
     s.filled = false;
-    let mut out = Vec::new();
+    let out = &mut s.packets;
+    // What the last receive's consumer left (it drains them all).
+    out.clear();
     let n = match sock.recv_each(&mut s.batch, &mut |r| {
         out.extend(r.datagrams().map(|d| {
             let mut p = Packet::from_datagram(d, r.src, r.local);
@@ -78,8 +88,8 @@ mod tests {
         a.send_batch(&msgs, None, NOT_ECT).unwrap();
 
         let mut scratch = RecvScratch::new(false);
-        let behind = |packets: Vec<Packet>| -> Vec<bool> {
-            packets.iter().map(|p| p.queued_behind).collect()
+        let behind = |packets: &mut Vec<Packet>| -> Vec<bool> {
+            packets.drain(..).map(|p| p.queued_behind).collect()
         };
         // A receive that used every buffer: the socket may hold more behind each one.
         let first = behind(recv_batch(&*b, &mut scratch).unwrap());
