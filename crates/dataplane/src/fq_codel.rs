@@ -166,6 +166,12 @@ impl<T> Default for FlowQueues<T> {
 }
 
 impl<T: Queued> FlowQueues<T> {
+    /// Whether nothing is queued and no bucket's controller remembers anything: the
+    /// state of a peer whose packets have all left, its table released.
+    pub fn is_idle(&self) -> bool {
+        self.table.is_none()
+    }
+
     /// Packets queued over all buckets.
     pub fn len(&self) -> usize {
         self.table.as_ref().map_or(0, |t| t.packets)
@@ -464,9 +470,14 @@ impl<T: Queued> SharedFlowQueues<T> {
     /// or `timeout` passed (the caller then makes room by dropping). The budget is
     /// waited for first, without the lock, since the pumps of other peers free it.
     pub fn lock_with_room(&self, n: usize, timeout: Duration) -> FqGuard<'_, T> {
-        let deadline = std::time::Instant::now() + timeout;
-        self.budget.wait_for_room(n, deadline);
-        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        // The clock is read only when the budget is full: with room at once, as
+        // nearly always, the deadline is never needed.
+        let mut left = timeout;
+        if !self.budget.fits(n) {
+            let deadline = std::time::Instant::now() + timeout;
+            self.budget.wait_for_room(n, deadline);
+            left = deadline.saturating_duration_since(std::time::Instant::now());
+        }
         let full = |q: &FlowQueues<T>| q.len() + n > FQ_LIMIT;
         let locked = self.queues.lock().unwrap_or_else(|p| p.into_inner());
         let queues = self.room.wait_while(locked, left, full).0;

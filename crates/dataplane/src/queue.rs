@@ -100,8 +100,10 @@ impl RoomWaiters {
         timeout: Duration,
         mut full: impl FnMut(&G) -> bool,
     ) -> (MutexGuard<'a, G>, bool) {
-        let deadline = Instant::now() + timeout;
+        // Read only when it must wait: the clock costs more than the check.
+        let mut deadline = None;
         while full(&guard) {
+            let deadline = *deadline.get_or_insert_with(|| Instant::now() + timeout);
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return (guard, false);
