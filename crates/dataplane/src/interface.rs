@@ -86,6 +86,9 @@ pub struct Interface {
     /// (its drops then land on peers in proportion to their traffic).
     pub rx_codel: Mutex<Codel>,
     origin: Instant,
+    /// The wall clock less `now()`, ns, as of the last `refresh_wall_offset` (at
+    /// creation, then every timer tick).
+    wall_offset_ns: AtomicU64,
     /// Read by every protocol step, so twice per packet sent; written only by a
     /// configuration change. An `ArcSwap`, not a lock: see [`Interface::sockets`].
     identity: ArcSwapOption<LocalIdentity>,
@@ -164,13 +167,14 @@ impl Interface {
         // 512 buffers (1 MiB), half of one peer's queue bound (MAX_QUEUED_PACKETS), so
         // a first burst finds buffers ready.
         crate::pool::prefill(8);
-        Ok(Arc::new(Interface {
+        let iface = Arc::new(Interface {
             id,
             tun,
             queue: policy.discipline,
             codel: policy.codel,
             rx_codel: Mutex::new(Codel::default()),
             origin: Instant::now(),
+            wall_offset_ns: AtomicU64::new(0),
             identity: ArcSwapOption::empty(),
             table: RwLock::new(PeerTable::default()),
             indices: Mutex::new(IdMap::default()),
@@ -193,7 +197,9 @@ impl Interface {
             stopping: AtomicBool::new(false),
             waker: Waker::new()?,
             fatal: Mutex::new(None),
-        }))
+        });
+        iface.refresh_wall_offset();
+        Ok(iface)
     }
 
     // --- clock ---
@@ -202,10 +208,29 @@ impl Interface {
         self.origin.elapsed()
     }
 
+    /// The wall clock (since the Unix epoch) as the monotonic clock plus an offset, as
+    /// the kernel itself keeps it: one clock read where the protocol step needs both
+    /// (`stages::protocol`), for every packet sent. The offset follows a step of the
+    /// wall clock within a timer tick (`refresh_wall_offset`); what reads it (TAI64N
+    /// timestamps, the last handshake's time, sojourns against the kernel's receive
+    /// stamps) tolerates that.
     pub fn wall(&self) -> Duration {
-        SystemTime::now()
+        self.wall_at(self.now())
+    }
+
+    /// [`Interface::wall`] at a `now()` already read.
+    pub fn wall_at(&self, now: Duration) -> Duration {
+        now + Duration::from_nanos(self.wall_offset_ns.load(Ordering::Relaxed))
+    }
+
+    /// Re-reads the wall clock's offset from the monotonic one.
+    pub fn refresh_wall_offset(&self) {
+        let wall = SystemTime::now()
             .duration_since(SystemTime::UNIX_EPOCH)
-            .unwrap_or_default()
+            .unwrap_or_default();
+        let offset = wall.saturating_sub(self.now());
+        self.wall_offset_ns
+            .store(offset.as_nanos() as u64, Ordering::Relaxed);
     }
 
     // --- shared state accessors ---

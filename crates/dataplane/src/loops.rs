@@ -290,6 +290,7 @@ pub fn timer_loop(
         if Instant::now() >= next_tick {
             let now = Instant::now();
             for iface in list().iter().filter(|i| !i.stopping()) {
+                iface.refresh_wall_offset();
                 stages::timers::run_due(StageCtx { iface, sched });
                 iface.budgets.rx.resize(now);
                 iface.budgets.tx.resize(now);

@@ -43,9 +43,10 @@ pub fn take_step<R>(
         let mut state = peer.state();
         let mut indices = iface.index_table(peer);
         let r = with_step_rng(|rng| {
+            let now = iface.now();
             let mut ctx = Ctx {
-                now: iface.now(),
-                wall: iface.wall(),
+                now,
+                wall: iface.wall_at(now),
                 rng,
                 local: identity.as_deref(),
                 indices: &mut indices,
