@@ -210,6 +210,17 @@ impl<T: Ordered> OrderedQueue<T> {
         }
     }
 
+    /// For a stall's report: batches queued, whether a serial stage is scheduled, and
+    /// whether the head batch is done.
+    pub fn describe(&self) -> (usize, bool, Option<bool>) {
+        let st = self.lock();
+        (
+            st.batches.len(),
+            st.scheduled,
+            st.batches.front().map(|b| b.is_done()),
+        )
+    }
+
     fn lock(&self) -> MutexGuard<'_, State<T>> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }

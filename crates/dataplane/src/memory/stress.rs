@@ -61,6 +61,64 @@ pub fn chaos() -> Hook {
     })
 }
 
+/// Every end's counters that count a packet lost, where not zero: where a stall's
+/// packets went.
+fn loss_counters(rig: &Rig) -> String {
+    const LOSS: [&str; 14] = [
+        "tx_no_route",
+        "tx_dropped",
+        "tx_no_endpoint",
+        "tx_codel_dropped",
+        "tx_fq_overflow",
+        "tx_routing_loop",
+        "rx_unknown_index",
+        "rx_auth_failed",
+        "rx_replayed",
+        "rx_bad_source",
+        "rx_bad_inner",
+        "rx_tun_write_failed",
+        "rx_queue_full",
+        "rx_codel_dropped",
+    ];
+    let ends =
+        std::iter::once(("gateway", &rig.gateway)).chain(rig.clients.iter().map(|c| ("client", c)));
+    let mut seen: Vec<String> = Vec::new();
+    for (name, end) in ends {
+        let b = &end.iface.budgets;
+        if b.rx.used() + b.tx.used() > 0 {
+            seen.push(format!(
+                "{name} {} budget used rx={} tx={} (limit {})",
+                end.inner,
+                b.rx.used(),
+                b.tx.used(),
+                b.rx.limit()
+            ));
+        }
+        for p in end.iface.table().by_id.values() {
+            for (dir, q) in [("tx", &p.tx_queue), ("rx", &p.rx_queue)] {
+                let (batches, scheduled, head_done) = q.describe();
+                if batches > 0 {
+                    seen.push(format!(
+                        "{name} {} peer {} {dir}: {batches} batches, scheduled {scheduled}, \
+                         head done {head_done:?}",
+                        end.inner, p.id
+                    ));
+                }
+            }
+        }
+        for (field, n) in end.iface.stats.fields() {
+            if n > 0 && LOSS.contains(&field.as_str()) {
+                seen.push(format!("{name} {} {field}={n}", end.inner));
+            }
+        }
+    }
+    if seen.is_empty() {
+        "none".to_string()
+    } else {
+        seen.join(", ")
+    }
+}
+
 /// Waits until the rig has delivered `want` packets; Err on a stall or a wrong packet.
 fn wait_for(rig: &Rig, want: u64, stall: Duration, what: &str) -> Result<(), String> {
     let mut last = (rig.delivered().0, Instant::now());
@@ -81,8 +139,10 @@ fn wait_for(rig: &Rig, want: u64, stall: Duration, what: &str) -> Result<(), Str
             last = (got, Instant::now());
         } else if last.1.elapsed() > stall {
             return Err(format!(
-                "{what}: stalled at {got} of {want} packets, {} still queued",
-                rig.queued()
+                "{what}: stalled at {got} of {want} packets, {} still queued; loss \
+                 counters: {}",
+                rig.queued(),
+                loss_counters(rig)
             ));
         }
         std::thread::sleep(Duration::from_millis(1));
