@@ -18,36 +18,9 @@ use prometheus::proto::{
 use std::net::IpAddr;
 use std::sync::Arc;
 use wirelane_dataplane::sockets::SocketRole;
-use wirelane_dataplane::stats::hist_lower_bound;
+use wirelane_dataplane::stats::{hist_lower_bound, DROP_REASONS};
 use wirelane_dataplane::{Interface, Runtime};
 use wirelane_proto::base64_key;
-
-/// The `stats=1` counters that count a packet or message dropped, by reason: the
-/// `reason` label of `wirelane_drops_total` is the counter's name (rate-limited
-/// handshake messages are `handshake_rate_limited`).
-const DROP_REASONS: &[&str] = &[
-    "tx_no_route",
-    "tx_routing_loop",
-    "tx_dropped",
-    "tx_no_endpoint",
-    "tx_codel_dropped",
-    "tx_fq_overflow",
-    "rx_malformed",
-    "rx_unknown_index",
-    "rx_auth_failed",
-    "rx_replayed",
-    "rx_bad_source",
-    "rx_bad_inner",
-    "rx_tun_write_failed",
-    "rx_queue_full",
-    "rx_codel_dropped",
-    "rx_ce_not_ect",
-    "handshake_queue_full",
-    "handshake_invalid_mac1",
-    "handshake_rate_limited",
-    "handshake_failed",
-    "cookie_replies_unsent",
-];
 
 /// `stats=1` counters exposed as a series of their own: (counter, metric, help).
 const COUNTERS: &[(&str, &str, &str)] = &[

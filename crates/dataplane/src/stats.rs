@@ -193,6 +193,33 @@ counters! {
     busy_ns,
 }
 
+/// The counters that count a packet or message dropped, by reason: the daemon's
+/// `wirelane_drops_total` takes its `reason` label from them (rate-limited handshake
+/// messages are `handshake_rate_limited`), and a stalled stress run lists them.
+pub const DROP_REASONS: &[&str] = &[
+    "tx_no_route",
+    "tx_routing_loop",
+    "tx_dropped",
+    "tx_no_endpoint",
+    "tx_codel_dropped",
+    "tx_fq_overflow",
+    "rx_malformed",
+    "rx_unknown_index",
+    "rx_auth_failed",
+    "rx_replayed",
+    "rx_bad_source",
+    "rx_bad_inner",
+    "rx_tun_write_failed",
+    "rx_queue_full",
+    "rx_codel_dropped",
+    "rx_ce_not_ect",
+    "handshake_queue_full",
+    "handshake_invalid_mac1",
+    "handshake_rate_limited",
+    "handshake_failed",
+    "cookie_replies_unsent",
+];
+
 /// Buckets of [`Counters::serial_packets_hist`]: 0, 1, 2–3, … 512–1023, 1024 and more.
 pub const SERIAL_HIST_BUCKETS: usize = 12;
 

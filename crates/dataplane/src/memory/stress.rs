@@ -9,6 +9,7 @@
 use super::rig::Rig;
 use super::Hook;
 use crate::exec::Model;
+use crate::stats::DROP_REASONS;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -64,22 +65,6 @@ pub fn chaos() -> Hook {
 /// Every end's counters that count a packet lost, where not zero: where a stall's
 /// packets went.
 fn loss_counters(rig: &Rig) -> String {
-    const LOSS: [&str; 14] = [
-        "tx_no_route",
-        "tx_dropped",
-        "tx_no_endpoint",
-        "tx_codel_dropped",
-        "tx_fq_overflow",
-        "tx_routing_loop",
-        "rx_unknown_index",
-        "rx_auth_failed",
-        "rx_replayed",
-        "rx_bad_source",
-        "rx_bad_inner",
-        "rx_tun_write_failed",
-        "rx_queue_full",
-        "rx_codel_dropped",
-    ];
     let ends =
         std::iter::once(("gateway", &rig.gateway)).chain(rig.clients.iter().map(|c| ("client", c)));
     let mut seen: Vec<String> = Vec::new();
@@ -107,7 +92,7 @@ fn loss_counters(rig: &Rig) -> String {
             }
         }
         for (field, n) in end.iface.stats.fields() {
-            if n > 0 && LOSS.contains(&field.as_str()) {
+            if n > 0 && DROP_REASONS.contains(&field.as_str()) {
                 seen.push(format!("{name} {} {field}={n}", end.inner));
             }
         }

@@ -2,6 +2,8 @@
 //! packets from the TUN reader. Output: the same packets in deficit-round-robin order
 //! over their flows, less CoDel's drops and with its CE marks (`fq_codel`), handed to
 //! the nonce stage while the peer's ordered queue holds fewer than [`RING_PACKETS`].
+//! Packets that find the peer's flow queues idle (nothing queued, no controller state)
+//! and room behind them go to the nonce stage at once, as the queues would pass them.
 //!
 //! Why before the nonce: a packet with a counter must leave in counter order, so
 //! fairness, drops and marks can only happen before it gets one. The ordered queue
