@@ -219,12 +219,14 @@ impl MemoryUdp {
         self.addr
     }
 
+    /// Delivers, then runs the hook: a delay there holds the sender just after its
+    /// datagrams left, while the receiver may already answer them.
     fn send(&self, dgrams: Vec<(Vec<u8>, SocketAddr)>) {
-        if let Some(h) = &self.hook {
-            h();
-        }
         if let Some(net) = self.net.upgrade() {
             net.deliver(self.addr, dgrams);
+        }
+        if let Some(h) = &self.hook {
+            h();
         }
     }
 }

@@ -6,7 +6,9 @@
 //! started.
 //!
 //! Ordering: counters are reserved and the batch is queued while the peer's state lock
-//! is held, so queue order equals counter order even with several TUN readers.
+//! is held, so queue order equals counter order even with several TUN readers; staged
+//! packets are staged and taken under the same lock, ahead of anything newer (see
+//! [`enqueue_after_staged`]).
 //!
 //! Backpressure: the TUN reader waits for room in a full peer queue rather than drop
 //! ([`enqueue_routed`]); only readers wait, never workers, which could block the very
@@ -64,15 +66,7 @@ pub fn step<R>(
     for o in outs {
         match o {
             Output::Handshake(bytes) => send_to_peer(c, peer, &bytes),
-            Output::SendStaged { keepalive_if_empty } => {
-                let mut staged = peer.take_staged();
-                if staged.is_empty() && keepalive_if_empty {
-                    staged.push(Packet::with_capacity(0));
-                }
-                if !staged.is_empty() {
-                    assign_and_enqueue(c, peer, staged, Budget::Bypassed);
-                }
-            }
+            Output::SendStaged { keepalive_if_empty } => send_staged(c, peer, keepalive_if_empty),
             Output::Keepalive => {
                 assign_and_enqueue(c, peer, vec![Packet::with_capacity(0)], Budget::Bypassed)
             }
@@ -99,11 +93,10 @@ pub enum Budget {
     Bypassed,
 }
 
+/// Gives `packets` consecutive counters and queues them as batches of at most
+/// [`MAX_BATCH`], each entered into the peer's ordered queue and then handed to the
+/// scheduler; without a usable session they are staged and a handshake is begun.
 pub fn assign_and_enqueue(c: StageCtx<'_>, peer: &Arc<Peer>, packets: Vec<Packet>, budget: Budget) {
-    if peer.is_removed() {
-        return;
-    }
-    let stats = &c.iface.stats;
     let mut packets = packets;
     while !packets.is_empty() {
         let rest = if packets.len() > MAX_BATCH {
@@ -112,44 +105,120 @@ pub fn assign_and_enqueue(c: StageCtx<'_>, peer: &Arc<Peer>, packets: Vec<Packet
             Vec::new()
         };
         let chunk = std::mem::replace(&mut packets, rest);
-        let n = chunk.len();
-        let pending = step(c, peer, |state, ctx, out| {
-            match state.prepare_send(ctx, n as u64, out) {
-                Some((kp, first)) => {
-                    let mut chunk = chunk;
-                    for (i, p) in chunk.iter_mut().enumerate() {
-                        p.counter = first + i as u64;
-                    }
-                    let batch = Batch::new(kp, chunk);
-                    let queued = match budget {
-                        Budget::Enforced => peer.tx_queue.push(batch.clone(), n),
-                        Budget::Bypassed => peer.tx_queue.push_past_budget(batch.clone(), n),
-                    };
-                    if queued {
-                        Ok(batch)
-                    } else {
-                        Err(None)
-                    }
+        enqueue_after_staged(c, peer, chunk, budget, false);
+    }
+}
+
+/// What a session that became usable asks for (`Output::SendStaged`): the staged
+/// packets, or a keepalive if there are none and `keepalive_if_empty`.
+fn send_staged(c: StageCtx<'_>, peer: &Arc<Peer>, keepalive_if_empty: bool) {
+    enqueue_after_staged(c, peer, Vec::new(), Budget::Bypassed, keepalive_if_empty);
+}
+
+/// The batches one step queued: rarely more than one, so the first needs no vector.
+#[derive(Default)]
+struct Queued {
+    first: Option<Arc<Batch>>,
+    more: Vec<Arc<Batch>>,
+}
+
+impl Queued {
+    fn push(&mut self, b: Arc<Batch>) {
+        match self.first {
+            None => self.first = Some(b),
+            Some(_) => self.more.push(b),
+        }
+    }
+}
+
+/// Queues the peer's staged packets, then `chunk` (at most [`MAX_BATCH`] packets),
+/// with counters reserved under the peer's state lock, and hands them on in that order
+/// once it is released.
+///
+/// Race and invariant: packets are staged and taken from the staging queue only here,
+/// under the state lock, in the same step that finds no session (and begins the
+/// handshake) or reserves counters. So staged packets always get counters before any
+/// packet that came after them, and a session that becomes usable always finds what
+/// was staged before it. Staging after the step, as before, let the handshake's
+/// response be consumed between the initiation's send and the staging: its
+/// `SendStaged` found nothing, and the packet waited for the next handshake, minutes
+/// later, behind every packet sent meanwhile.
+fn enqueue_after_staged(
+    c: StageCtx<'_>,
+    peer: &Arc<Peer>,
+    chunk: Vec<Packet>,
+    budget: Budget,
+    keepalive_if_empty: bool,
+) {
+    if peer.is_removed() {
+        return;
+    }
+    let (queued, dropped) = step(c, peer, |state, ctx, out| {
+        let mut queued = Queued::default();
+        let mut dropped = 0;
+        let mut queue = |packets: Vec<Packet>, budget: Budget| -> Result<(), Vec<Packet>> {
+            let n = packets.len();
+            let Some((kp, first)) = state.prepare_send(ctx, n as u64, out) else {
+                return Err(packets);
+            };
+            let mut packets = packets;
+            for (i, p) in packets.iter_mut().enumerate() {
+                p.counter = first + i as u64;
+            }
+            let batch = Batch::new(kp, packets);
+            let pushed = match budget {
+                Budget::Enforced => peer.tx_queue.push(batch.clone(), n),
+                Budget::Bypassed => peer.tx_queue.push_past_budget(batch.clone(), n),
+            };
+            if pushed {
+                queued.push(batch);
+            } else {
+                dropped += n;
+            }
+            Ok(())
+        };
+        let mut staged = peer.take_staged();
+        let mut chunk = chunk;
+        if staged.is_empty() && chunk.is_empty() && keepalive_if_empty {
+            chunk.push(Packet::with_capacity(0));
+        }
+        // Without a session, whatever is left waits (staged) in order.
+        let mut waiting: Vec<Packet> = Vec::new();
+        while !staged.is_empty() {
+            let rest = staged.split_off(staged.len().min(MAX_BATCH));
+            if let Err(left) = queue(staged, Budget::Bypassed) {
+                waiting = left;
+                waiting.extend(rest);
+                break;
+            }
+            staged = rest;
+        }
+        if !chunk.is_empty() {
+            if waiting.is_empty() {
+                if let Err(left) = queue(chunk, budget) {
+                    waiting = left;
                 }
-                None => Err(Some(chunk)),
-            }
-        });
-        match pending {
-            Ok(batch) => c.sched.submit_crypt(Crypt {
-                iface: c.iface,
-                peer,
-                batch,
-                dir: Direction::Tx,
-            }),
-            Err(Some(chunk)) => {
-                let dropped = peer.stage(chunk);
-                stats
-                    .tx_dropped
-                    .fetch_add(dropped as u64, Ordering::Relaxed);
-            }
-            Err(None) => {
-                stats.tx_dropped.fetch_add(n as u64, Ordering::Relaxed);
+            } else {
+                waiting.extend(chunk);
             }
         }
+        if !waiting.is_empty() {
+            dropped += peer.stage(waiting);
+        }
+        (queued, dropped)
+    });
+    if dropped > 0 {
+        c.iface
+            .stats
+            .tx_dropped
+            .fetch_add(dropped as u64, Ordering::Relaxed);
+    }
+    for batch in queued.first.into_iter().chain(queued.more) {
+        c.sched.submit_crypt(Crypt {
+            iface: c.iface,
+            peer,
+            batch,
+            dir: Direction::Tx,
+        });
     }
 }
