@@ -15,6 +15,7 @@ use crate::interface::Interface;
 use crate::ports::UdpPort;
 use crate::runtime::Runtime;
 use crate::sockets::Sockets;
+use crate::stats::DROP_REASONS;
 use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -28,6 +29,9 @@ pub struct Seen {
     pub bytes: AtomicU64,
     /// Packets out of order, repeated, or with contents other than their sender's.
     pub wrong: AtomicU64,
+    /// Packets missing before one that came in order after them (a drop, not a
+    /// misdelivery: what came is still in order).
+    pub gaps: AtomicU64,
     /// Next number expected from each sender (by inner address).
     next: Mutex<HashMap<Ipv4Addr, u64>>,
 }
@@ -43,9 +47,12 @@ impl Seen {
             }
             let mut next = self.next.lock().unwrap_or_else(|p| p.into_inner());
             let n = next.entry(src).or_insert(0);
-            let in_order = seq == *n;
+            if seq < *n {
+                return None; // Repeated, or overtaken by a later one.
+            }
+            self.gaps.fetch_add(seq - *n, Ordering::Relaxed);
             *n = seq + 1;
-            in_order.then_some(())
+            Some(())
         })();
         if ok.is_none() {
             self.wrong.fetch_add(1, Ordering::Relaxed);
@@ -215,6 +222,39 @@ impl Rig {
                 w + e.seen.wrong.load(Ordering::Relaxed),
             )
         })
+    }
+
+    /// Packets every sink found missing before later ones (see [`Seen::gaps`]).
+    pub fn gaps(&self) -> u64 {
+        self.ends()
+            .map(|e| e.seen.gaps.load(Ordering::Relaxed))
+            .sum()
+    }
+
+    /// Packets every end dropped and counted, by any of the daemon's drop reasons.
+    pub fn counted_drops(&self) -> u64 {
+        self.drops_by_reason().iter().map(|(_, n)| n).sum()
+    }
+
+    /// The drop reasons that counted packets at some end, with their totals.
+    pub fn drops_by_reason(&self) -> Vec<(String, u64)> {
+        let mut totals: Vec<(String, u64)> = Vec::new();
+        for e in self.ends() {
+            for (field, n) in e.iface.stats.fields() {
+                if n == 0 || !DROP_REASONS.contains(&field.as_str()) {
+                    continue;
+                }
+                match totals.iter_mut().find(|(f, _)| *f == field) {
+                    Some((_, t)) => *t += n,
+                    None => totals.push((field, n)),
+                }
+            }
+        }
+        totals
+    }
+
+    fn ends(&self) -> impl Iterator<Item = &End> {
+        std::iter::once(&self.gateway).chain(&self.clients)
     }
 
     /// Packets still in some peer's ordered queue.
