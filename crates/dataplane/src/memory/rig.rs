@@ -215,8 +215,7 @@ impl Rig {
 
     /// Packets every sink has taken, and those wrongly delivered.
     pub fn delivered(&self) -> (u64, u64) {
-        let ends = std::iter::once(&self.gateway).chain(&self.clients);
-        ends.fold((0, 0), |(p, w), e| {
+        self.ends().fold((0, 0), |(p, w), e| {
             (
                 p + e.seen.packets.load(Ordering::Relaxed),
                 w + e.seen.wrong.load(Ordering::Relaxed),
@@ -259,16 +258,16 @@ impl Rig {
 
     /// Packets still in some peer's ordered queue.
     pub fn queued(&self) -> usize {
-        let ends = std::iter::once(&self.gateway).chain(&self.clients);
-        ends.map(|e| {
-            e.iface
-                .table()
-                .by_id
-                .values()
-                .map(|p| p.tx_queue.queued_packets() + p.rx_queue.queued_packets())
-                .sum::<usize>()
-        })
-        .sum()
+        self.ends()
+            .map(|e| {
+                e.iface
+                    .table()
+                    .by_id
+                    .values()
+                    .map(|p| p.tx_queue.queued_packets() + p.rx_queue.queued_packets())
+                    .sum::<usize>()
+            })
+            .sum()
     }
 }
 
