@@ -72,7 +72,7 @@ pub fn chaos() -> Hook {
 }
 
 /// A queue's state for a stall's report: batches, scheduled, whether the head is done
-/// (`OrderedQueue::describe`).
+/// (`OrderedQueue::describe`); for the staging queue, packets.
 type QueueState = (usize, bool, Option<bool>);
 
 /// Each queue that holds batches: (end, peer, direction) and its state.
@@ -87,6 +87,13 @@ fn queue_states(rig: &Rig) -> Vec<(String, QueueState)> {
                 if state.0 > 0 {
                     v.push((format!("{name} {} peer {} {dir}", end.inner, p.id), state));
                 }
+            }
+            // Packets staged for a session: not in any queue, and stranded if no
+            // handshake is under way to send them.
+            let staged = p.staged_len();
+            if staged > 0 {
+                let queue = format!("{name} {} peer {} staged", end.inner, p.id);
+                v.push((queue, (staged, false, None)));
             }
         }
     }
@@ -104,9 +111,14 @@ fn loss_counters(rig: &Rig, settle: Duration) -> String {
     let mut seen: Vec<String> = after
         .iter()
         .filter(|q| before.contains(q))
-        .map(|(queue, (batches, scheduled, head_done))| {
-            format!("{queue}: {batches} batches, scheduled {scheduled}, head done {head_done:?}")
-        })
+        .map(
+            |(queue, (n, scheduled, head_done))| match queue.ends_with("staged") {
+                true => format!("{queue}: {n} packets"),
+                false => {
+                    format!("{queue}: {n} batches, scheduled {scheduled}, head done {head_done:?}")
+                }
+            },
+        )
         .collect();
     let ends =
         std::iter::once(("gateway", &rig.gateway)).chain(rig.clients.iter().map(|c| ("client", c)));
