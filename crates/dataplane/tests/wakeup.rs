@@ -27,6 +27,15 @@ fn stress(model: Model) {
     })
     .unwrap_or_else(|e| panic!("{e}"));
     assert!(o.invocations > 0);
+    // Overload drops are a few batches a run at most; a pipeline that dropped most of
+    // what it carried, however well it counted, is broken, not busy.
+    assert!(
+        o.counted_drops * 10 <= o.packets,
+        "{model}: {} of {} packets dropped: {:?}",
+        o.counted_drops,
+        o.packets,
+        o.drops_by_reason
+    );
     println!(
         "{model}: {} packets, {} dropped and counted, {} serial invocations at the gateway, \
          slowest round drained in {:?}",
