@@ -64,6 +64,11 @@ const COUNTERS: &[(&str, &str, &str)] = &[
         "wirelane_serial_budget_exhausted_total",
         "Serial-stage invocations that used up their budget with more ready.",
     ),
+    (
+        "stage_panics",
+        "wirelane_stage_panics_total",
+        "Pipeline items that panicked (a bug): each lost its batch, and the pipeline went on.",
+    ),
 ];
 
 /// One tunnel as a scrape sees it.

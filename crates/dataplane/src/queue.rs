@@ -266,8 +266,15 @@ impl<T: Ordered> OrderedQueue<T> {
             };
             d.packets += b.packets();
             d.batches += 1;
+            let claim = GiveUpOnUnwind(self);
             f(b);
+            std::mem::forget(claim);
         }
+    }
+
+    /// Gives up the claim of a drain whose `f` panicked (see [`GiveUpOnUnwind`]).
+    fn give_up_claim(&self) {
+        self.lock().scheduled = false;
     }
 
     /// Drops everything queued (peer removal). In-flight crypt work still completes but
@@ -287,6 +294,19 @@ impl<T: Ordered> OrderedQueue<T> {
 
     pub fn queued_packets(&self) -> usize {
         self.packets.load(Ordering::Relaxed)
+    }
+}
+
+/// Held by a drain around each batch it hands out: if the stage panics with it, the
+/// drain's claim (`scheduled`) is given up as the panic unwinds, so that the next
+/// completion, or whoever caught the panic (`stages::run_serial`), can schedule the
+/// stage again; kept, the claim would hold the peer's queue still for good. Dropped
+/// only by unwinding: a drain that returns forgets it.
+struct GiveUpOnUnwind<'a, T: Ordered>(&'a OrderedQueue<T>);
+
+impl<T: Ordered> Drop for GiveUpOnUnwind<'_, T> {
+    fn drop(&mut self) {
+        self.0.give_up_claim();
     }
 }
 

@@ -30,6 +30,8 @@ use crate::interface::Interface;
 use crate::queue::Drained;
 use crate::sched::{Crypt, Direction, Scheduler, Serial};
 use std::cell::Cell;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -73,6 +75,12 @@ fn timed<R>(iface: &Interface, f: impl FnOnce() -> R) -> R {
 
 /// Runs one crypt item (seal or open); a model's workers call this. The time it takes
 /// counts as its interface's busy time.
+///
+/// A panic (a bug) is caught here, counted and logged, and costs only its batch: one
+/// left unfinished is marked done with every packet failed, so that its peer's ordered
+/// stage passes it rather than wait on it for ever, and that stage is handed on as a
+/// finished batch's would be. A thread that died instead would take its share of the
+/// pool with it, and leave the peer's queue held.
 pub fn run_crypt(sched: &dyn Scheduler, w: Crypt<'_>) {
     let Crypt {
         iface,
@@ -81,22 +89,62 @@ pub fn run_crypt(sched: &dyn Scheduler, w: Crypt<'_>) {
         dir,
     } = w;
     let c = StageCtx { iface, sched };
-    timed(iface, || match dir {
-        Direction::Tx => encrypt::encrypt(c, peer, batch),
-        Direction::Rx => decrypt::decrypt(c, peer, batch),
-    })
+    let crypt = || match dir {
+        Direction::Tx => encrypt::encrypt(c, peer, batch.clone()),
+        Direction::Rx => decrypt::decrypt(c, peer, batch.clone()),
+    };
+    if catch_unwind(AssertUnwindSafe(|| timed(iface, crypt))).is_ok() {
+        return;
+    }
+    stage_panicked(iface, "crypt", dir);
+    // Done means `schedule` was called after it, or the panic came later.
+    if batch.is_done() {
+        return;
+    }
+    for p in batch.body().packets.iter_mut() {
+        p.ok = false;
+    }
+    batch.mark_done();
+    let serial = Serial { iface, peer, dir };
+    if serial.queue().schedule() {
+        sched.schedule_serial(serial);
+    }
+}
+
+fn stage_panicked(iface: &Interface, stage: &str, dir: Direction) {
+    iface.stats.stage_panics.fetch_add(1, Ordering::Relaxed);
+    tracing::error!(
+        interface = %iface.tun.name(),
+        stage,
+        direction = ?dir,
+        "a pipeline stage panicked (a bug; please report it); its batch is lost"
+    );
 }
 
 /// Runs one serial item for at most `budget` packets (`usize::MAX`: everything
 /// ready). When the result says [`Drained::more`], the stage is still scheduled and
 /// the caller must run it again.
+///
+/// A panic (a bug) is caught here, counted and logged: the drain gave up its claim as
+/// it unwound (`OrderedQueue::drain`), so the stage is claimed and handed on again for
+/// what the queue still holds, and only the batch in hand is lost.
 pub fn run_serial(sched: &dyn Scheduler, w: Serial<'_>, budget: usize) -> Drained {
     let c = StageCtx {
         iface: w.iface,
         sched,
     };
-    timed(w.iface, || match w.dir {
+    let serial = || match w.dir {
         Direction::Tx => tx_flush::flush(c, w.peer, budget),
         Direction::Rx => rx_deliver::deliver(c, w.peer, budget),
-    })
+    };
+    match catch_unwind(AssertUnwindSafe(|| timed(w.iface, serial))) {
+        Ok(drained) => drained,
+        Err(_) => {
+            stage_panicked(w.iface, "serial", w.dir);
+            if w.queue().schedule() {
+                sched.schedule_serial(w);
+            }
+            Drained::default()
+        }
+    }
 }
