@@ -67,7 +67,7 @@ const COUNTERS: &[(&str, &str, &str)] = &[
     (
         "stage_panics",
         "wirelane_stage_panics_total",
-        "Pipeline items that panicked (a bug): each lost its batch, and the pipeline went on.",
+        "Pipeline work that panicked (a bug): each lost what it handled, and the pipeline went on.",
     ),
 ];
 

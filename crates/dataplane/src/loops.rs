@@ -146,7 +146,11 @@ fn tun_reader(iface: &Arc<Interface>, sched: &dyn Scheduler, queue: usize) {
         match stages::tun_read::read_batch(iface, queue, &mut scratch, &mut packets) {
             Ok(()) => {
                 begin_read(shortcuts);
-                stages::nonce::enqueue_routed(c, stages::route::route(c, &mut packets))
+                let routed =
+                    || stages::nonce::enqueue_routed(c, stages::route::route(c, &mut packets));
+                if !stages::contained(iface, "tun read", routed) {
+                    packets.clear();
+                }
             }
             // The interface was deleted (e.g. `ip link del`, `wg-quick down`).
             Err(e) => return iface.fail(format!("TUN device is gone: {e}")),
@@ -195,7 +199,10 @@ fn udp_reader(iface: &Arc<Interface>, sched: &dyn Scheduler, v6: bool, role: Soc
             match stages::udp_recv::recv_batch(&*sock, &mut scratch) {
                 Ok(packets) => {
                     begin_read(1);
-                    stages::classify::classify(c, packets, &mut replies)
+                    let classified = || stages::classify::classify(c, packets, &mut replies);
+                    if !stages::contained(iface, "udp receive", classified) {
+                        replies = Replies::default();
+                    }
                 }
                 Err(e) => tracing::warn!(error = %e, "UDP receive failed"),
             }
@@ -246,13 +253,11 @@ pub fn handshake_loop(hub: &HandshakeHub, sched: &dyn Scheduler, stop: &Receiver
             continue;
         }
         if let Some(job) = iface.take_handshake() {
-            stages::handshake::process(
-                StageCtx {
-                    iface: &iface,
-                    sched,
-                },
-                job,
-            );
+            let c = StageCtx {
+                iface: &iface,
+                sched,
+            };
+            stages::contained(&iface, "handshake", || stages::handshake::process(c, job));
         }
     }
 }

@@ -191,8 +191,9 @@ counters! {
     /// Nanoseconds the runtime's threads spent on this interface's crypt and serial
     /// items (its share of the pool).
     busy_ns,
-    /// Crypt or serial items that panicked (a bug): each loses the batch it was
-    /// handling, and the pipeline goes on (`stages::run_crypt`, `run_serial`).
+    /// Pipeline work that panicked (a bug): each loses what it was handling (a batch,
+    /// a read, a handshake message), and the pipeline goes on (`stages::run_crypt`,
+    /// `run_serial`, `contained`).
     stage_panics,
 }
 

@@ -114,3 +114,26 @@ fn a_panicking_crypt_item_does_not_hold_its_peer() {
         assert_eq!(failed, 1, "{model}: its packet counted as failed");
     }
 }
+
+/// A panic on a reader thread costs that read's work, not the reader: here the first
+/// packet's initiation panics as it leaves the client's TUN reader (after it was sent,
+/// and after the packet was staged), and the tunnel still comes up and carries what
+/// the same reader reads next. Uncaught, the reader died and nothing more was read.
+#[test]
+fn a_panicking_reader_goes_on_reading() {
+    for model in Model::ALL {
+        let armed = Arc::new(AtomicBool::new(true));
+        let rig = Rig::new(model, 2, 1, Some(panic_once(armed.clone()))).unwrap();
+        let (client, gw) = (&rig.clients[0], rig.gateway.inner);
+        client.send(gw, 1, 200);
+        wait_for(&rig, 1);
+        assert!(
+            !armed.load(Ordering::SeqCst),
+            "{model}: no stage ran the hook"
+        );
+        client.send(gw, 64, 200);
+        wait_for(&rig, 65);
+        assert_eq!(rig.delivered(), (65, 0), "{model}: delivered, out of order");
+        assert_eq!(panics(&rig), 1, "{model}: the panic is counted once");
+    }
+}

@@ -96,7 +96,7 @@ pub fn run_crypt(sched: &dyn Scheduler, w: Crypt<'_>) {
     if catch_unwind(AssertUnwindSafe(|| timed(iface, crypt))).is_ok() {
         return;
     }
-    stage_panicked(iface, "crypt", dir);
+    stage_panicked(iface, dir_name(dir, "encrypt", "decrypt"));
     // Done means `schedule` was called after it, or the panic came later.
     if batch.is_done() {
         return;
@@ -111,14 +111,32 @@ pub fn run_crypt(sched: &dyn Scheduler, w: Crypt<'_>) {
     }
 }
 
-fn stage_panicked(iface: &Interface, stage: &str, dir: Direction) {
+fn dir_name(dir: Direction, tx: &'static str, rx: &'static str) -> &'static str {
+    match dir {
+        Direction::Tx => tx,
+        Direction::Rx => rx,
+    }
+}
+
+/// Counts and logs a panic caught in `stage` (a bug); what it was handling is lost.
+pub(crate) fn stage_panicked(iface: &Interface, stage: &str) {
     iface.stats.stage_panics.fetch_add(1, Ordering::Relaxed);
     tracing::error!(
         interface = %iface.tun.name(),
         stage,
-        direction = ?dir,
-        "a pipeline stage panicked (a bug; please report it); its batch is lost"
+        "a pipeline stage panicked (a bug; please report it); what it handled is lost"
     );
+}
+
+/// Runs `f`, one read's or one message's worth of stages on an I/O thread; a panic in
+/// it (a bug) is caught, counted and logged, and costs only that work: the thread,
+/// which nothing would restart, goes on. False if it panicked.
+pub(crate) fn contained(iface: &Interface, stage: &str, f: impl FnOnce()) -> bool {
+    let ok = catch_unwind(AssertUnwindSafe(f)).is_ok();
+    if !ok {
+        stage_panicked(iface, stage);
+    }
+    ok
 }
 
 /// Runs one serial item for at most `budget` packets (`usize::MAX`: everything
@@ -140,7 +158,10 @@ pub fn run_serial(sched: &dyn Scheduler, w: Serial<'_>, budget: usize) -> Draine
     match catch_unwind(AssertUnwindSafe(|| timed(w.iface, serial))) {
         Ok(drained) => drained,
         Err(_) => {
-            stage_panicked(w.iface, "serial", w.dir);
+            stage_panicked(
+                w.iface,
+                dir_name(w.dir, "ordered flush", "ordered delivery"),
+            );
             if w.queue().schedule() {
                 sched.schedule_serial(w);
             }
