@@ -296,7 +296,8 @@ pub fn timer_loop(
             let now = Instant::now();
             for iface in list().iter().filter(|i| !i.stopping()) {
                 iface.refresh_wall_offset();
-                stages::timers::run_due(StageCtx { iface, sched });
+                let c = StageCtx { iface, sched };
+                stages::contained(iface, "timers", || stages::timers::run_due(c));
                 iface.budgets.rx.resize(now);
                 iface.budgets.tx.resize(now);
             }
