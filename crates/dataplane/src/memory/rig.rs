@@ -253,7 +253,13 @@ impl Rig {
     }
 
     fn ends(&self) -> impl Iterator<Item = &End> {
-        std::iter::once(&self.gateway).chain(&self.clients)
+        self.named_ends().map(|(_, e)| e)
+    }
+
+    /// Every end, with what it is: "gateway" or "client".
+    pub(crate) fn named_ends(&self) -> impl Iterator<Item = (&'static str, &End)> {
+        let clients = self.clients.iter().map(|c| ("client", c));
+        std::iter::once(("gateway", &self.gateway)).chain(clients)
     }
 
     /// Packets still in some peer's ordered queue.

@@ -71,29 +71,27 @@ pub fn chaos() -> Hook {
     })
 }
 
-/// A queue's state for a stall's report: batches, scheduled, whether the head is done
-/// (`OrderedQueue::describe`); for the staging queue, packets.
-type QueueState = (usize, bool, Option<bool>);
-
-/// Each queue that holds batches: (end, peer, direction) and its state.
-fn queue_states(rig: &Rig) -> Vec<(String, QueueState)> {
-    let ends =
-        std::iter::once(("gateway", &rig.gateway)).chain(rig.clients.iter().map(|c| ("client", c)));
+/// Each queue that holds something, with its state: a peer's ordered queues
+/// (`OrderedQueue::describe`) and its staged packets.
+fn queue_states(rig: &Rig) -> Vec<String> {
     let mut v = Vec::new();
-    for (name, end) in ends {
+    for (name, end) in rig.named_ends() {
         for p in end.iface.table().by_id.values() {
+            let at = format!("{name} {} peer {}", end.inner, p.id);
             for (dir, q) in [("tx", &p.tx_queue), ("rx", &p.rx_queue)] {
-                let state = q.describe();
-                if state.0 > 0 {
-                    v.push((format!("{name} {} peer {} {dir}", end.inner, p.id), state));
+                let (batches, scheduled, head_done) = q.describe();
+                if batches > 0 {
+                    v.push(format!(
+                        "{at} {dir}: {batches} batches, scheduled {scheduled}, head done \
+                         {head_done:?}"
+                    ));
                 }
             }
             // Packets staged for a session: not in any queue, and stranded if no
             // handshake is under way to send them.
             let staged = p.staged_len();
             if staged > 0 {
-                let queue = format!("{name} {} peer {} staged", end.inner, p.id);
-                v.push((queue, (staged, false, None)));
+                v.push(format!("{at} staged: {staged} packets"));
             }
         }
     }
@@ -101,28 +99,17 @@ fn queue_states(rig: &Rig) -> Vec<(String, QueueState)> {
 }
 
 /// Every end's counters that count a packet lost, where not zero, and the queues that
-/// hold batches in the same state twice, `settle` apart: where a stall's packets went.
-/// A queue seen once may only be a keepalive passing (the 10 s keepalive timer fires
-/// about when a 10 s watchdog does); one that stays put is stuck.
+/// hold something in the same state twice, `settle` apart: where a stall's packets
+/// went. A queue seen once may only be a keepalive passing (the 10 s keepalive timer
+/// fires about when a 10 s watchdog does); one that stays put is stuck.
 fn loss_counters(rig: &Rig, settle: Duration) -> String {
     let before = queue_states(rig);
     std::thread::sleep(settle);
-    let after = queue_states(rig);
-    let mut seen: Vec<String> = after
-        .iter()
+    let mut seen: Vec<String> = queue_states(rig)
+        .into_iter()
         .filter(|q| before.contains(q))
-        .map(
-            |(queue, (n, scheduled, head_done))| match queue.ends_with("staged") {
-                true => format!("{queue}: {n} packets"),
-                false => {
-                    format!("{queue}: {n} batches, scheduled {scheduled}, head done {head_done:?}")
-                }
-            },
-        )
         .collect();
-    let ends =
-        std::iter::once(("gateway", &rig.gateway)).chain(rig.clients.iter().map(|c| ("client", c)));
-    for (name, end) in ends {
+    for (name, end) in rig.named_ends() {
         let b = &end.iface.budgets;
         if b.rx.used() + b.tx.used() > 0 {
             seen.push(format!(
