@@ -148,7 +148,7 @@ fn tun_reader(iface: &Arc<Interface>, sched: &dyn Scheduler, queue: usize) {
                 begin_read(shortcuts);
                 let routed =
                     || stages::nonce::enqueue_routed(c, stages::route::route(c, &mut packets));
-                if !stages::contained(iface, "tun read", routed) {
+                if stages::contained(iface, "tun read", routed).is_none() {
                     packets.clear();
                 }
             }
@@ -200,7 +200,7 @@ fn udp_reader(iface: &Arc<Interface>, sched: &dyn Scheduler, v6: bool, role: Soc
                 Ok(packets) => {
                     begin_read(1);
                     let classified = || stages::classify::classify(c, packets, &mut replies);
-                    if !stages::contained(iface, "udp receive", classified) {
+                    if stages::contained(iface, "udp receive", classified).is_none() {
                         replies = Replies::default();
                     }
                 }

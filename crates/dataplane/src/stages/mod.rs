@@ -93,10 +93,10 @@ pub fn run_crypt(sched: &dyn Scheduler, w: Crypt<'_>) {
         Direction::Tx => encrypt::encrypt(c, peer, batch.clone()),
         Direction::Rx => decrypt::decrypt(c, peer, batch.clone()),
     };
-    if catch_unwind(AssertUnwindSafe(|| timed(iface, crypt))).is_ok() {
+    let stage = dir_name(dir, "encrypt", "decrypt");
+    if contained(iface, stage, || timed(iface, crypt)).is_some() {
         return;
     }
-    stage_panicked(iface, dir_name(dir, "encrypt", "decrypt"));
     // Done means `schedule` was called after it, or the panic came later.
     if batch.is_done() {
         return;
@@ -118,25 +118,20 @@ fn dir_name(dir: Direction, tx: &'static str, rx: &'static str) -> &'static str 
     }
 }
 
-/// Counts and logs a panic caught in `stage` (a bug); what it was handling is lost.
-pub(crate) fn stage_panicked(iface: &Interface, stage: &str) {
-    iface.stats.stage_panics.fetch_add(1, Ordering::Relaxed);
-    tracing::error!(
-        interface = %iface.tun.name(),
-        stage,
-        "a pipeline stage panicked (a bug; please report it); what it handled is lost"
-    );
-}
-
-/// Runs `f`, one read's or one message's worth of stages on an I/O thread; a panic in
-/// it (a bug) is caught, counted and logged, and costs only that work: the thread,
-/// which nothing would restart, goes on. False if it panicked.
-pub(crate) fn contained(iface: &Interface, stage: &str, f: impl FnOnce()) -> bool {
-    let ok = catch_unwind(AssertUnwindSafe(f)).is_ok();
-    if !ok {
-        stage_panicked(iface, stage);
+/// Runs `f`, one item's, read's or message's worth of stages; a panic in it (a bug) is
+/// caught, counted and logged, and costs only that work: the thread, which nothing
+/// would restart, goes on. None if it panicked.
+pub(crate) fn contained<R>(iface: &Interface, stage: &str, f: impl FnOnce() -> R) -> Option<R> {
+    let r = catch_unwind(AssertUnwindSafe(f)).ok();
+    if r.is_none() {
+        iface.stats.stage_panics.fetch_add(1, Ordering::Relaxed);
+        tracing::error!(
+            interface = %iface.tun.name(),
+            stage,
+            "a pipeline stage panicked (a bug; please report it); what it handled is lost"
+        );
     }
-    ok
+    r
 }
 
 /// Runs one serial item for at most `budget` packets (`usize::MAX`: everything
@@ -155,17 +150,11 @@ pub fn run_serial(sched: &dyn Scheduler, w: Serial<'_>, budget: usize) -> Draine
         Direction::Tx => tx_flush::flush(c, w.peer, budget),
         Direction::Rx => rx_deliver::deliver(c, w.peer, budget),
     };
-    match catch_unwind(AssertUnwindSafe(|| timed(w.iface, serial))) {
-        Ok(drained) => drained,
-        Err(_) => {
-            stage_panicked(
-                w.iface,
-                dir_name(w.dir, "ordered flush", "ordered delivery"),
-            );
-            if w.queue().schedule() {
-                sched.schedule_serial(w);
-            }
-            Drained::default()
+    let stage = dir_name(w.dir, "ordered flush", "ordered delivery");
+    contained(w.iface, stage, || timed(w.iface, serial)).unwrap_or_else(|| {
+        if w.queue().schedule() {
+            sched.schedule_serial(w);
         }
-    }
+        Drained::default()
+    })
 }
