@@ -182,25 +182,23 @@ fn enqueue_after_staged(
         if staged.is_empty() && chunk.is_empty() && keepalive_if_empty {
             chunk.push(Packet::with_capacity(0));
         }
-        // Without a session, whatever is left waits (staged) in order.
+        // Once no session is found, this and everything after it waits (staged) in
+        // order.
         let mut waiting: Vec<Packet> = Vec::new();
+        let mut queue_or_wait = |packets: Vec<Packet>, budget: Budget| {
+            if !waiting.is_empty() {
+                waiting.extend(packets);
+            } else if let Err(left) = queue(packets, budget) {
+                waiting = left;
+            }
+        };
         while !staged.is_empty() {
             let rest = staged.split_off(staged.len().min(MAX_BATCH));
-            if let Err(left) = queue(staged, Budget::Bypassed) {
-                waiting = left;
-                waiting.extend(rest);
-                break;
-            }
+            queue_or_wait(staged, Budget::Bypassed);
             staged = rest;
         }
         if !chunk.is_empty() {
-            if waiting.is_empty() {
-                if let Err(left) = queue(chunk, budget) {
-                    waiting = left;
-                }
-            } else {
-                waiting.extend(chunk);
-            }
+            queue_or_wait(chunk, budget);
         }
         if !waiting.is_empty() {
             dropped += peer.stage(waiting);
