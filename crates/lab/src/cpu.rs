@@ -178,9 +178,18 @@ pub fn thread_deltas(
 
 /// Peak resident set (VmHWM) of a process, in KiB.
 pub fn peak_rss_kib(pid: u32) -> Option<u64> {
+    status_kib(pid, "VmHWM:")
+}
+
+/// Resident set (VmRSS) of a process now, in KiB.
+pub fn rss_kib(pid: u32) -> Option<u64> {
+    status_kib(pid, "VmRSS:")
+}
+
+fn status_kib(pid: u32, field: &str) -> Option<u64> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     s.lines()
-        .find(|l| l.starts_with("VmHWM:"))?
+        .find(|l| l.starts_with(field))?
         .split_whitespace()
         .nth(1)?
         .parse()
@@ -256,5 +265,6 @@ intr 12345\nctxt 99\n";
         let d = thread_deltas("self", &before, &after);
         assert!(d.iter().map(|t| t.cpu_s).sum::<f64>() >= 0.02, "{d:?}");
         assert!(peak_rss_kib(pid).unwrap() > 0);
+        assert!(rss_kib(pid).unwrap() > 0);
     }
 }

@@ -242,6 +242,7 @@ impl Cell {
             sink,
             light_peers,
             light_mbit,
+            rekey_after_s: None,
         })
     }
 

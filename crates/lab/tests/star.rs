@@ -29,6 +29,7 @@ fn spec50(way: Way, pps: f64, storm_peers: usize, family: Family, sink: SinkKind
         sink,
         light_peers: 0,
         light_mbit: 0.0,
+        rekey_after_s: None,
     }
 }
 
@@ -95,6 +96,29 @@ fn assert_transmitted_whole(rec: &StarRecord) {
     assert_eq!(rec.delivered, rec.sent, "{rec:?}");
     // Every message was opened: each held its own peer's packet, each sequence number
     // of each peer once.
+    assert_eq!(rec.sampled, rec.delivered, "{rec:?}");
+    assert_eq!(rec.sample_bad, 0, "{rec:?}");
+    assert_eq!(rec.sample_unique, rec.sent, "{rec:?}");
+}
+
+/// Every peer rekeys during the phase (after 1 s instead of 165, still valid
+/// protocol), while the gateway is sending to it: every packet still arrives once,
+/// intact, whichever session sealed it, and the peers' new sessions carry on.
+#[test]
+fn star_50_transmit_is_whole_across_rekeys() {
+    // SAFETY: geteuid has no preconditions.
+    assert_eq!(unsafe { libc::geteuid() }, 0, "the lab needs root");
+    let spec = StarSpec {
+        seconds: 3.0,
+        rekey_after_s: Some(1.0),
+        ..spec50(Way::Tx, 5_000.0, 0, Family::Ipv4, SinkKind::Socket)
+    };
+    let rec = run_one("wirelane".parse().unwrap(), &spec, 0, 1.0);
+    assert_eq!(rec.error, None, "{rec:?}");
+    assert!(rec.rekeys >= 1, "{rec:?}");
+    assert_eq!((rec.reordered, rec.duplicates), (0, 0), "{rec:?}");
+    assert_eq!(rec.sent, 15_000, "{rec:?}");
+    assert_eq!(rec.delivered, rec.sent, "{rec:?}");
     assert_eq!(rec.sampled, rec.delivered, "{rec:?}");
     assert_eq!(rec.sample_bad, 0, "{rec:?}");
     assert_eq!(rec.sample_unique, rec.sent, "{rec:?}");

@@ -2,19 +2,32 @@
 //! pair, the initiator's side of the handshake (with the cookie mechanism), and the
 //! session it yields, which seals the peer's traffic ahead of the timed phase and opens
 //! samples of what the gateway sends it. No I/O here: the generator owns the sockets.
+//!
+//! Rekeying follows the whitepaper's rule for an initiator that receives (§6.2): once
+//! its session is REJECT_AFTER_TIME − KEEPALIVE_TIMEOUT − REKEY_TIMEOUT old, data it
+//! hears makes it initiate again. Until the new session's response arrives the old one
+//! stays current; after it, the old one is kept as `previous`, because the gateway
+//! goes on sealing with it until our first message on the new one confirms it.
 
 use rand_core::{OsRng, RngCore};
 use std::time::{Duration, Instant};
 use wirelane_proto::cookie::CookieGenerator;
 use wirelane_proto::crypto::TAG_LEN;
 use wirelane_proto::handshake::{Handshake, LocalIdentity};
+use wirelane_proto::keypair::REJECT_AFTER_TIME;
 use wirelane_proto::messages::{
     classify, CookieReply, Kind, Response, TransportHeader, TRANSPORT_HEADER_LEN,
 };
+use wirelane_proto::timers::{KEEPALIVE_TIMEOUT, REKEY_TIMEOUT};
 use wirelane_proto::{Keypair, Sealer};
 
-/// The initiator retries an unanswered initiation after this (whitepaper §6.4).
-pub const REKEY_TIMEOUT: Duration = Duration::from_secs(5);
+/// A receiving initiator starts a new handshake once its session is this old.
+pub const REKEY_ON_RECEIVE: Duration = REJECT_AFTER_TIME
+    .saturating_sub(KEEPALIVE_TIMEOUT)
+    .saturating_sub(REKEY_TIMEOUT);
+/// Sender indices of one peer's successive sessions are this far apart, so that a
+/// message names the session it belongs to (must exceed `generator::MAX_PEERS`).
+const SESSION_STRIDE: u32 = 1 << 16;
 /// TAI64N keeps time to 2^24 ns: a retry sooner than this after the last initiation
 /// would carry the same timestamp, which the responder must refuse as a replay.
 const TIMESTAMP_STEP: Duration = Duration::from_millis(17);
@@ -23,16 +36,33 @@ pub struct EmulatedPeer {
     identity: LocalIdentity,
     handshake: Handshake,
     cookie: CookieGenerator,
-    /// Our sender index: the peer's position plus one, unique among the emulated peers.
-    pub local_index: u32,
+    /// Our sender index of session 0: the peer's position plus one, unique among the
+    /// emulated peers; session k's is `SESSION_STRIDE * k` above it.
+    first_index: u32,
+    /// Sessions established so far.
+    pub sessions: u32,
+    /// The current session.
     pub keypair: Option<Keypair>,
+    /// The session before it, still opened: the gateway seals with it until it hears
+    /// on the new one.
+    previous: Option<Keypair>,
+    /// An initiation is unanswered.
+    pending: bool,
     /// The wall clock of the last initiation (kept increasing, see TIMESTAMP_STEP).
     last_wall: Duration,
     /// When the last initiation left (retries are due REKEY_TIMEOUT after it).
     pub last_initiation: Option<Instant>,
+    /// When the current session was established.
     pub established_at: Option<Instant>,
     pub initiations: u32,
     pub cookie_replies: u32,
+}
+
+/// Which of a peer's sessions a transport message belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Session {
+    Current,
+    Previous,
 }
 
 /// What a datagram from the gateway means for the peer.
@@ -42,8 +72,8 @@ pub enum Heard {
     Established,
     /// A cookie reply: the gateway is under load; initiate again, now with mac2.
     Cookie,
-    /// Transport data of our session (its counter and the message's length).
-    Transport { counter: u64 },
+    /// Transport data of one of our sessions, with its counter.
+    Transport { counter: u64, session: Session },
     /// Anything else (a late duplicate, a keepalive of an older session, garbage).
     Ignored,
 }
@@ -58,8 +88,11 @@ impl EmulatedPeer {
             identity: LocalIdentity::new(private),
             handshake: Handshake::new(*gateway, [0; 32]),
             cookie: CookieGenerator::new(gateway),
-            local_index: position as u32 + 1,
+            first_index: position as u32 + 1,
+            sessions: 0,
             keypair: None,
+            previous: None,
+            pending: false,
             last_wall: Duration::ZERO,
             last_initiation: None,
             established_at: None,
@@ -77,42 +110,56 @@ impl EmulatedPeer {
     pub fn initiation(&mut self, now: Instant, since: Duration, wall: Duration) -> Vec<u8> {
         let wall = wall.max(self.last_wall + TIMESTAMP_STEP);
         self.last_wall = wall;
+        let index = self.first_index + SESSION_STRIDE.wrapping_mul(self.sessions);
         let (msg, _) = self
             .handshake
-            .create_initiation(&self.identity, self.local_index, wall, &mut OsRng)
+            .create_initiation(&self.identity, index, wall, &mut OsRng)
             .expect("the gateway's public key is a valid point");
         let mut bytes = msg.to_bytes().to_vec();
         self.cookie.stamp(&mut bytes, since);
         self.last_initiation = Some(now);
         self.initiations += 1;
+        self.pending = true;
         bytes
     }
 
     /// Whether an unanswered initiation is due for a retry at `now`.
     pub fn retry_due(&self, now: Instant) -> bool {
-        self.keypair.is_none()
+        self.pending
             && self
                 .last_initiation
                 .is_some_and(|t| now.duration_since(t) >= REKEY_TIMEOUT)
     }
 
+    /// Whether data heard at `now` should start a new handshake: the session is
+    /// `after` old (REKEY_ON_RECEIVE, as the whitepaper has it) and no initiation is
+    /// out yet.
+    pub fn rekey_due(&self, now: Instant, after: Duration) -> bool {
+        !self.pending
+            && self
+                .established_at
+                .is_some_and(|t| now.duration_since(t) >= after)
+    }
+
     /// Takes one datagram from the gateway.
     pub fn hear(&mut self, msg: &[u8], now: Instant, since: Duration) -> Heard {
         match classify(msg) {
-            Ok(Kind::Response) if self.keypair.is_none() => {
+            Ok(Kind::Response) if self.pending => {
                 let Ok(r) = Response::parse(msg) else {
                     return Heard::Ignored;
                 };
                 match self.handshake.consume_response(&self.identity, &r) {
                     Ok(keys) => {
-                        self.keypair = Some(Keypair::new(&keys, since));
+                        self.previous = self.keypair.replace(Keypair::new(&keys, since));
+                        self.sessions += 1;
+                        self.pending = false;
                         self.established_at = Some(now);
                         Heard::Established
                     }
                     Err(_) => Heard::Ignored,
                 }
             }
-            Ok(Kind::CookieReply) if self.keypair.is_none() => {
+            Ok(Kind::CookieReply) if self.pending => {
                 let Ok(r) = CookieReply::parse(msg) else {
                     return Heard::Ignored;
                 };
@@ -124,12 +171,18 @@ impl EmulatedPeer {
                     Err(_) => Heard::Ignored,
                 }
             }
-            Ok(Kind::Transport) => match (TransportHeader::parse(msg), &self.keypair) {
-                (Ok(h), Some(k)) if h.receiver == k.local_index => {
-                    Heard::Transport { counter: h.counter }
+            Ok(Kind::Transport) => {
+                let Ok(h) = TransportHeader::parse(msg) else {
+                    return Heard::Ignored;
+                };
+                match self.session_of(h.receiver) {
+                    Some(session) => Heard::Transport {
+                        counter: h.counter,
+                        session,
+                    },
+                    None => Heard::Ignored,
                 }
-                _ => Heard::Ignored,
-            },
+            }
             _ => Heard::Ignored,
         }
     }
@@ -154,9 +207,24 @@ impl EmulatedPeer {
         self.keypair.as_ref().map(|k| k.sealer())
     }
 
-    /// Opens a transport message of our session in place; the plaintext length.
-    pub fn open(&self, counter: u64, msg: &mut [u8]) -> Option<usize> {
-        self.keypair.as_ref()?.open(counter, msg).ok()
+    fn session_of(&self, receiver: u32) -> Option<Session> {
+        let is = |k: &Option<Keypair>| k.as_ref().is_some_and(|k| k.local_index == receiver);
+        if is(&self.keypair) {
+            Some(Session::Current)
+        } else if is(&self.previous) {
+            Some(Session::Previous)
+        } else {
+            None
+        }
+    }
+
+    /// Opens a transport message of `session` in place; the plaintext length.
+    pub fn open(&self, session: Session, counter: u64, msg: &mut [u8]) -> Option<usize> {
+        let k = match session {
+            Session::Current => &self.keypair,
+            Session::Previous => &self.previous,
+        };
+        k.as_ref()?.open(counter, msg).ok()
     }
 }
 
@@ -166,32 +234,49 @@ mod tests {
     use wirelane_proto::handshake::consume_initiation_phase1;
     use wirelane_proto::messages::Initiation;
 
+    fn gateway() -> LocalIdentity {
+        let mut gw_private = [0u8; 32];
+        OsRng.fill_bytes(&mut gw_private);
+        LocalIdentity::new(gw_private)
+    }
+
+    /// The gateway's side of one handshake, built from `proto`: its response to
+    /// `init` (macs stamped) and its session.
+    fn respond(gateway: &LocalIdentity, peer: &EmulatedPeer, init: &[u8]) -> (Vec<u8>, Keypair) {
+        let mut responder = Handshake::new(peer.public(), [0; 32]);
+        let phase1 = consume_initiation_phase1(gateway, &Initiation::parse(init).unwrap()).unwrap();
+        let (resp, keys, _) = responder
+            .consume_initiation_and_respond(gateway, phase1, 99, Duration::ZERO, &mut OsRng)
+            .unwrap();
+        let mut resp = resp.to_bytes().to_vec();
+        CookieGenerator::new(&peer.public()).stamp(&mut resp, Duration::ZERO);
+        (resp, Keypair::new(&keys, Duration::ZERO))
+    }
+
+    /// A transport message of 32 bytes of `fill`, sealed by the gateway's `session`.
+    fn from_gateway(session: &Keypair, counter: u64, fill: u8) -> Vec<u8> {
+        let mut msg = vec![0u8; EmulatedPeer::sealed_len(32)];
+        msg[TRANSPORT_HEADER_LEN..TRANSPORT_HEADER_LEN + 32].fill(fill);
+        session.seal(counter, &mut msg);
+        msg
+    }
+
     /// A responder built from `proto` answers the emulated peer's initiation: the two
     /// sessions then seal and open each other's messages.
     #[test]
     fn completes_a_handshake_and_seals_for_the_responder() {
-        let mut gw_private = [0u8; 32];
-        OsRng.fill_bytes(&mut gw_private);
-        let gateway = LocalIdentity::new(gw_private);
+        let gateway = gateway();
         let mut peer = EmulatedPeer::new(7, &gateway.public);
         let now = Instant::now();
         let init = peer.initiation(now, Duration::from_secs(1), Duration::from_secs(1_000));
         assert_eq!(init.len(), wirelane_proto::messages::INITIATION_LEN);
 
-        let mut responder = Handshake::new(peer.public(), [0; 32]);
-        let phase1 =
-            consume_initiation_phase1(&gateway, &Initiation::parse(&init).unwrap()).unwrap();
-        let (resp, keys, _) = responder
-            .consume_initiation_and_respond(&gateway, phase1, 99, Duration::ZERO, &mut OsRng)
-            .unwrap();
-        let mut resp = resp.to_bytes().to_vec();
-        CookieGenerator::new(&peer.public()).stamp(&mut resp, Duration::ZERO);
+        let (resp, theirs) = respond(&gateway, &peer, &init);
         assert_eq!(
             peer.hear(&resp, now, Duration::from_secs(1)),
             Heard::Established
         );
 
-        let theirs = Keypair::new(&keys, Duration::ZERO);
         let mut msg = vec![0u8; EmulatedPeer::sealed_len(32)];
         msg[TRANSPORT_HEADER_LEN..TRANSPORT_HEADER_LEN + 32].fill(0xab);
         peer.seal(5, &mut msg);
@@ -199,5 +284,74 @@ mod tests {
         assert!(msg[TRANSPORT_HEADER_LEN..TRANSPORT_HEADER_LEN + 32]
             .iter()
             .all(|&b| b == 0xab));
+    }
+
+    /// On a simulated clock: the session rekeys once it is REKEY_ON_RECEIVE old, the
+    /// new one has its own sender index, and messages the gateway sealed with the old
+    /// one before it switched still open.
+    #[test]
+    fn rekeys_as_a_receiving_initiator_and_keeps_the_previous_session() {
+        let gateway = gateway();
+        let mut peer = EmulatedPeer::new(3, &gateway.public);
+        let t0 = Instant::now();
+        let init = peer.initiation(t0, Duration::ZERO, Duration::from_secs(1_000));
+        assert!(!peer.retry_due(t0));
+        assert!(peer.retry_due(t0 + REKEY_TIMEOUT));
+        let (resp, first) = respond(&gateway, &peer, &init);
+        assert_eq!(peer.hear(&resp, t0, Duration::ZERO), Heard::Established);
+        assert!(!peer.retry_due(t0 + REKEY_TIMEOUT));
+        assert!(!peer.rekey_due(
+            t0 + REKEY_ON_RECEIVE - Duration::from_millis(1),
+            REKEY_ON_RECEIVE
+        ));
+        let t1 = t0 + REKEY_ON_RECEIVE;
+        assert!(peer.rekey_due(t1, REKEY_ON_RECEIVE));
+        // A second response to the first initiation is no longer awaited.
+        assert_eq!(peer.hear(&resp, t1, Duration::ZERO), Heard::Ignored);
+
+        let init = peer.initiation(t1, Duration::ZERO, Duration::from_secs(1_165));
+        assert!(
+            !peer.rekey_due(t1, REKEY_ON_RECEIVE),
+            "one initiation per event"
+        );
+        // Until the response, the first session is the current one.
+        let mut old = from_gateway(&first, 1, 0x11);
+        assert!(matches!(
+            peer.hear(&old, t1, Duration::ZERO),
+            Heard::Transport {
+                counter: 1,
+                session: Session::Current
+            }
+        ));
+        let (resp, second) = respond(&gateway, &peer, &init);
+        assert_ne!(first.remote_index, second.remote_index);
+        assert_eq!(peer.hear(&resp, t1, Duration::ZERO), Heard::Established);
+        assert_eq!(peer.sessions, 2);
+        assert!(!peer.rekey_due(t1 + Duration::from_secs(1), REKEY_ON_RECEIVE));
+
+        let mut new = from_gateway(&second, 0, 0x22);
+        assert_eq!(
+            peer.hear(&new, t1, Duration::ZERO),
+            Heard::Transport {
+                counter: 0,
+                session: Session::Current
+            }
+        );
+        assert_eq!(
+            peer.hear(&old, t1, Duration::ZERO),
+            Heard::Transport {
+                counter: 1,
+                session: Session::Previous
+            }
+        );
+        assert_eq!(peer.open(Session::Previous, 1, &mut old), Some(32));
+        assert_eq!(old[TRANSPORT_HEADER_LEN], 0x11);
+        assert_eq!(peer.open(Session::Current, 0, &mut new), Some(32));
+        assert_eq!(new[TRANSPORT_HEADER_LEN], 0x22);
+        // What we seal now, the gateway opens with the new session only.
+        let mut ours = vec![0u8; EmulatedPeer::sealed_len(16)];
+        peer.seal(4, &mut ours);
+        assert_eq!(second.open(4, &mut ours.clone()), Ok(16));
+        assert!(first.open(4, &mut ours).is_err());
     }
 }

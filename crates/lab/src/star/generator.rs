@@ -7,12 +7,13 @@
 //! transport message of the timed phase ahead of it (counters in order per peer) →
 //! `send` sends them, one peer's run of equal-size segments per `sendmsg` (UDP GSO),
 //! rotating over the peers, paced or unlimited. In the transmit direction `receive`
-//! counts what the gateway sends each peer and opens a sample.
+//! counts what the gateway sends each peer and opens a sample; there the peers rekey
+//! as receiving initiators do, so a phase may outlast their first sessions.
 //!
 //! One thread runs it all, inside the generator's namespace (the sockets are created
 //! there); its own CPU time is measured so that the gateway is never charged for it.
 
-use super::emulated::{EmulatedPeer, Heard};
+use super::emulated::{EmulatedPeer, Heard, Session};
 use super::inner::{self, Stamp};
 use crate::hist::Histogram;
 use crate::workload::udp::SeqTracker;
@@ -125,6 +126,9 @@ pub struct ReceiveReport {
     pub sample_bad: u64,
     /// Distinct inner sequence numbers among the good samples, over all peers.
     pub sample_unique: u64,
+    /// Initiations the peers sent to rekey, and the new sessions they got.
+    pub rekey_initiations: u64,
+    pub rekeys: u64,
     pub first: Option<Instant>,
     pub last: Option<Instant>,
     pub cpu_s: f64,
@@ -338,16 +342,22 @@ impl Generator {
         })
     }
 
-    /// Sends each established peer's first transport message, a keepalive (counter
-    /// 0): the gateway, as responder, may send on a session only once it has heard on
-    /// it.
+    /// Sends each established peer's first transport message (see `confirm`).
     pub fn keepalive(&mut self) -> Result<()> {
-        for (p, s) in self.peers.iter().zip(&self.socks) {
-            if p.keypair.is_some() {
-                let mut msg = vec![0u8; EmulatedPeer::sealed_len(0)];
-                p.seal(0, &mut msg);
-                s.send_to(&msg, &self.gateway)?;
-            }
+        for i in 0..self.peers.len() {
+            self.confirm(i)?;
+        }
+        Ok(())
+    }
+
+    /// Sends peer `i`'s first message on its current session, a keepalive (counter
+    /// 0): the gateway, as responder, may send on a session only once it has heard on
+    /// it. Nothing before the first handshake.
+    fn confirm(&self, i: usize) -> Result<()> {
+        if self.peers[i].keypair.is_some() {
+            let mut msg = vec![0u8; EmulatedPeer::sealed_len(0)];
+            self.peers[i].seal(0, &mut msg);
+            self.socks[i].send_to(&msg, &self.gateway)?;
         }
         Ok(())
     }
@@ -475,13 +485,15 @@ impl Generator {
     }
 
     /// Counts what the gateway sends each peer until `stop` says so and nothing came
-    /// for `quiet` (or `limit` passes), opening every `sample_every`-th message.
+    /// for `quiet` (or `limit` passes), opening every `sample_every`-th message. A
+    /// peer hearing data on a session `rekey_after` old rekeys.
     pub fn receive(
         &mut self,
         stop: &std::sync::atomic::AtomicBool,
         quiet: Duration,
         limit: Instant,
         sample_every: u64,
+        rekey_after: Duration,
     ) -> Result<ReceiveReport> {
         use std::sync::atomic::Ordering;
         let cpu0 = thread_cpu_s();
@@ -490,14 +502,26 @@ impl Generator {
             per_peer: vec![0; n],
             ..ReceiveReport::default()
         };
-        let mut trackers: Vec<SeqTracker> = (0..n).map(|_| SeqTracker::default()).collect();
+        // Counters per session: [current, previous]; a new session shifts them.
+        let mut trackers: Vec<[SeqTracker; 2]> = (0..n).map(|_| Default::default()).collect();
         let mut inner_seqs: Vec<SeqTracker> = (0..n).map(|_| SeqTracker::default()).collect();
         let mut batch = RecvBatch::new(64, 65536);
         let mut scratch = vec![0u8; 65536];
+        let mut last_retry_scan = Instant::now();
+        let mut confirms = Vec::new();
         while Instant::now() < limit {
             let idle = r.last.is_none_or(|l| l.elapsed() >= quiet);
             if stop.load(Ordering::Acquire) && idle {
                 break;
+            }
+            let now = Instant::now();
+            if now.duration_since(last_retry_scan) >= Duration::from_millis(100) {
+                last_retry_scan = now;
+                for i in 0..n {
+                    if self.peers[i].retry_due(now) {
+                        self.initiate(i);
+                    }
+                }
             }
             // Polled, not waited for: a receiver asleep in epoll_wait is woken by the
             // datagram that arrives, and the wake-up runs in the gateway's send (its
@@ -506,9 +530,23 @@ impl Generator {
             let ready = self.poll(0, &mut batch, &mut |g, peer, msg| {
                 let now = Instant::now();
                 let since = g.since(now);
-                let Heard::Transport { counter } = g.peers[peer].hear(msg, now, since) else {
-                    return;
+                let (counter, session) = match g.peers[peer].hear(msg, now, since) {
+                    Heard::Transport { counter, session } => (counter, session),
+                    Heard::Established => {
+                        r.rekeys += 1;
+                        let current = std::mem::take(&mut trackers[peer][0]);
+                        trackers[peer] = [SeqTracker::default(), current];
+                        confirms.push(peer);
+                        return;
+                    }
+                    // A cookie reply answers our last initiation: again, with mac2.
+                    Heard::Cookie => return g.initiate(peer),
+                    Heard::Ignored => return,
                 };
+                if g.peers[peer].rekey_due(now, rekey_after) {
+                    r.rekey_initiations += 1;
+                    g.initiate(peer);
+                }
                 if msg.len() == EmulatedPeer::sealed_len(0) {
                     return; // a keepalive carries no data
                 }
@@ -516,7 +554,7 @@ impl Generator {
                 r.last = Some(now);
                 r.packets += 1;
                 r.per_peer[peer] += 1;
-                let t = &mut trackers[peer];
+                let t = &mut trackers[peer][(session == Session::Previous) as usize];
                 let (dups, reord) = (t.duplicates, t.reordered);
                 t.record(counter);
                 r.duplicates += t.duplicates - dups;
@@ -525,12 +563,15 @@ impl Generator {
                     r.sampled += 1;
                     let m = &mut scratch[..msg.len()];
                     m.copy_from_slice(msg);
-                    match the_peers_packet(g, peer, counter, m) {
+                    match the_peers_packet(g, peer, session, counter, m) {
                         Some(seq) => inner_seqs[peer].record(seq),
                         None => r.sample_bad += 1,
                     }
                 }
             })?;
+            for peer in confirms.drain(..) {
+                self.confirm(peer)?;
+            }
             if ready == 0 {
                 std::thread::sleep(RECEIVE_POLL);
             }
@@ -544,8 +585,14 @@ impl Generator {
 /// Opens one message the gateway sent `peer`; the inner sequence number if it carries
 /// an intact packet to this peer's inner address (of either family), stamped for
 /// this peer.
-fn the_peers_packet(g: &Generator, peer: usize, counter: u64, msg: &mut [u8]) -> Option<u64> {
-    let len = g.peers[peer].open(counter, msg)?;
+fn the_peers_packet(
+    g: &Generator,
+    peer: usize,
+    session: Session,
+    counter: u64,
+    msg: &mut [u8],
+) -> Option<u64> {
+    let len = g.peers[peer].open(session, counter, msg)?;
     let (dst, stamp) = inner::read_packet(&msg[TRANSPORT_HEADER_LEN..TRANSPORT_HEADER_LEN + len])?;
     (inner::peer_of(dst) == Some(peer) && stamp.peer as usize == peer).then_some(stamp.seq)
 }

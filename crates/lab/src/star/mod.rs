@@ -101,6 +101,12 @@ pub struct StarRecord {
     /// Each core's busy share over the phase.
     pub core_busy: Vec<f64>,
     pub peak_rss_kib: Option<u64>,
+    /// The daemon's resident set once a second over the phase, KiB.
+    #[serde(default)]
+    pub rss_kib_each_s: Vec<u64>,
+    /// Transmit: new sessions the emulated peers made by rekeying during the phase.
+    #[serde(default)]
+    pub rekeys: u64,
     /// wirelane's execution-order signatures and queue figures over the phase.
     #[serde(default)]
     pub signatures: Option<crate::signatures::Signatures>,
@@ -331,6 +337,9 @@ fn measure(which: Impl, spec: &StarSpec, rec: &mut StarRecord) -> Result<()> {
                     Duration::from_millis(300),
                     limit,
                     gen_spec.sample_every,
+                    gen_spec
+                        .rekey_after_s
+                        .map_or(emulated::REKEY_ON_RECEIVE, Duration::from_secs_f64),
                 )?;
                 Ok(GeneratorOutcome::Received(r))
             }
@@ -372,6 +381,7 @@ fn measure(which: Impl, spec: &StarSpec, rec: &mut StarRecord) -> Result<()> {
     let start = Instant::now() + Duration::from_millis(20);
     let _ = t0.set(start);
     let _ = go_tx.send(Some(start));
+    let rss_sampler = pid.map(|pid| sample_rss(pid, start, stop.clone()));
     if let Some((_, go)) = &storm {
         let _ = go.send(Some(start));
     }
@@ -405,6 +415,9 @@ fn measure(which: Impl, spec: &StarSpec, rec: &mut StarRecord) -> Result<()> {
         }
     }
     let cores_after = cpu::read_cores();
+    if let Some(h) = rss_sampler {
+        rec.rss_kib_each_s = h.join().unwrap_or_default();
+    }
     if let (Some(pid), Some(before)) = (pid, &threads_before) {
         let after = cpu::read_threads(pid);
         rec.daemon_cpu_s = cpu::thread_deltas(&which.name(), before, &after)
@@ -481,6 +494,7 @@ fn measure(which: Impl, spec: &StarSpec, rec: &mut StarRecord) -> Result<()> {
             rec.sampled = r.sampled;
             rec.sample_bad = r.sample_bad;
             rec.sample_unique = r.sample_unique;
+            rec.rekeys = r.rekeys;
             rec.generator_cores = r.cpu_s / rec.seconds.max(1e-9);
         }
         _ => return Err("star: the phase's parts disagree on its direction".into()),
@@ -492,6 +506,43 @@ fn measure(which: Impl, spec: &StarSpec, rec: &mut StarRecord) -> Result<()> {
     }
     drop(daemon);
     Ok(())
+}
+
+/// Reads the daemon's resident set once a second from `start` until `stop`: whether
+/// memory grows under a long overload is the series' slope, not its peak.
+fn sample_rss(
+    pid: u32,
+    start: Instant,
+    stop: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<Vec<u64>> {
+    std::thread::spawn(move || {
+        let mut each_s = Vec::new();
+        let mut next = start;
+        while !stop.load(Ordering::Acquire) {
+            let now = Instant::now();
+            if now < next {
+                // Short naps, so that the end of the phase is seen within 100 ms.
+                std::thread::sleep((next - now).min(Duration::from_millis(100)));
+                continue;
+            }
+            match cpu::rss_kib(pid) {
+                Some(k) => each_s.push(k),
+                None => break, // the daemon is gone
+            }
+            next += Duration::from_secs(1);
+        }
+        each_s
+    })
+}
+
+impl StarRecord {
+    /// How much the daemon's resident set grew over a phase of two minutes or more:
+    /// the largest reading of its last minute less the largest of its first, KiB.
+    pub fn rss_growth_kib(&self) -> Option<i64> {
+        let s = &self.rss_kib_each_s;
+        let max = |w: &[u64]| w.iter().copied().max().unwrap_or(0) as i64;
+        (s.len() >= 120).then(|| max(&s[s.len() - 60..]) - max(&s[..60]))
+    }
 }
 
 enum GeneratorOutcome {

@@ -118,6 +118,7 @@ pub fn table(records: &[StarRecord], cpu: &str) -> String {
                 2,
             ),
             fmt(m(&|r| r.peak_rss_kib.map(|k| k as f64 / 1024.0)), 0),
+            fmt(m(&|r| r.rss_growth_kib().map(|k| k as f64 / 1024.0)), 1),
             fmt(m(&|r| r.handshake.to_all_s), 2),
             fmt(m(&|r| r.storm_during.as_ref().and_then(|s| s.to_all_s)), 2),
             fmt(m(&|r| Some(r.generator_cores)), 2),
@@ -129,7 +130,9 @@ pub fn table(records: &[StarRecord], cpu: &str) -> String {
             "Star: one gateway, N emulated peers. Medians of the repeats; CPU: {cpu}. \
              \"wrong\" sums reordered, duplicated, corrupted and misdelivered packets and \
              bad samples over all runs; a blackhole sink only counts. With light peers, \
-             \"delay\" is the heavy peers'."
+             \"delay\" is the heavy peers'. \"RSS growth\" (phases of 2 minutes or more): \
+             the daemon's largest resident set in the phase's last minute less that in its \
+             first."
         ),
         &[
             "cell",
@@ -144,6 +147,7 @@ pub fn table(records: &[StarRecord], cpu: &str) -> String {
             "light peers: delay p99 ms",
             "light peers: lost %",
             "peak RSS MiB",
+            "RSS growth MiB",
             "all handshakes s",
             "storm during: all s",
             "generator cores",
@@ -256,6 +260,7 @@ pub fn run_cli(a: &StarArgs) -> Result<()> {
                 sink: a.sink,
                 light_peers: a.light_peers,
                 light_mbit: a.light_mbit,
+                rekey_after_s: None,
             };
             spec.validate()?;
             spec.per_peer()?;
@@ -280,11 +285,17 @@ pub fn run_cli(a: &StarArgs) -> Result<()> {
             let what = match &r.error {
                 Some(e) => format!("error: {e}"),
                 None => format!(
-                    "{:.2} Gbit/s, {} of {} delivered, handshakes {:.2} s",
+                    "{:.2} Gbit/s, {} of {} delivered, handshakes {:.2} s{}{}",
                     r.goodput_bps / 1e9,
                     r.delivered,
                     r.sent + r.unsent,
-                    r.handshake.to_all_s.unwrap_or(f64::NAN)
+                    r.handshake.to_all_s.unwrap_or(f64::NAN),
+                    match r.rekeys {
+                        0 => String::new(),
+                        k => format!(", {k} rekeys"),
+                    },
+                    r.rss_growth_kib()
+                        .map_or(String::new(), |k| format!(", RSS growth {k} KiB")),
                 ),
             };
             eprintln!(

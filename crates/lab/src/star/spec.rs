@@ -6,8 +6,12 @@ use super::{generator, inner, sink, storm};
 use crate::Result;
 use serde::{Deserialize, Serialize};
 
-/// The longest timed phase, s: it ends before the sessions do (see `validate`).
+/// The longest receive phase, s: it ends before the sessions its traffic was sealed
+/// for do (see `validate`).
 pub const MAX_PHASE_S: f64 = 170.0;
+/// The longest transmit phase, s: the emulated peers rekey there, so only the lab's
+/// patience bounds it.
+pub const MAX_TX_PHASE_S: f64 = 3600.0;
 
 /// The default cap on sealed traffic held in memory, MiB.
 pub const DEFAULT_SEALED_MAX_MIB: usize = 4096;
@@ -82,6 +86,11 @@ pub struct StarSpec {
     /// Each light peer's rate, Mbit/s of inner packets.
     #[serde(default)]
     pub light_mbit: f64,
+    /// Transmit: the session age at which a peer hearing data rekeys, s; None: the
+    /// whitepaper's REJECT_AFTER_TIME − KEEPALIVE_TIMEOUT − REKEY_TIMEOUT (165 s).
+    /// Shorter is still valid protocol; tests use it to rekey within a short phase.
+    #[serde(default)]
+    pub rekey_after_s: Option<f64>,
 }
 
 fn default_sample_every() -> u64 {
@@ -181,21 +190,36 @@ impl StarSpec {
         if !(min..=generator::MTU).contains(&self.size) {
             return Err(format!("star: size must be {min}..={}", generator::MTU).into());
         }
-        // The emulated peers never rekey: past REJECT_AFTER_TIME (180 s) from their
-        // handshakes their sessions are gone, and a longer phase would measure a
-        // gateway whose peers all vanished.
-        if !(0.1..=MAX_PHASE_S).contains(&self.seconds) {
-            return Err(format!(
-                "star: seconds must be 0.1..={MAX_PHASE_S} (the emulated peers do not rekey, \
-                 and their sessions end 180 s after the handshakes)"
-            )
-            .into());
+        // Receive traffic is sealed before the phase for the sessions of the first
+        // handshakes, which end at REJECT_AFTER_TIME (180 s); a longer phase would
+        // measure a gateway refusing it all. In the transmit direction the peers rekey.
+        match self.way {
+            Way::Rx if !(0.1..=MAX_PHASE_S).contains(&self.seconds) => {
+                return Err(format!(
+                    "star: receive phases must be 0.1..={MAX_PHASE_S} s (their traffic is \
+                     sealed ahead for sessions that end 180 s after the handshakes)"
+                )
+                .into());
+            }
+            Way::Tx if !(0.1..=MAX_TX_PHASE_S).contains(&self.seconds) => {
+                return Err(
+                    format!("star: transmit phases must be 0.1..={MAX_TX_PHASE_S} s").into(),
+                );
+            }
+            _ => {}
         }
         if self
             .offered_pps
             .is_some_and(|r| !(r.is_finite() && r >= 1.0))
         {
             return Err("star: the offered rate must be at least 1 packet per second".into());
+        }
+        if let Some(r) = self.rekey_after_s {
+            if self.way != Way::Tx || !(r.is_finite() && r >= 0.1) {
+                return Err(
+                    "star: rekey_after_s is for the transmit direction, at least 0.1 s".into(),
+                );
+            }
         }
         if self.sample_every == 0 {
             return Err("star: sample_every must be at least 1".into());
