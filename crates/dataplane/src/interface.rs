@@ -364,9 +364,9 @@ impl Interface {
         queued
     }
 
-    /// The next queued handshake message: the cookie lane first, always (see
-    /// `cookie_lane_tx`).
-    pub(crate) fn take_handshake(&self) -> Option<HandshakeJob> {
+    /// The next queued handshake message, and how long it waited: the cookie lane
+    /// first, always (see `cookie_lane_tx`).
+    pub(crate) fn take_handshake(&self) -> Option<(HandshakeJob, Duration)> {
         let job = self
             .cookie_lane_rx
             .try_recv()
@@ -378,7 +378,7 @@ impl Interface {
         s.handshake_sojourn_ns.fetch_add(waited, Ordering::Relaxed);
         s.handshake_sojourn_max_ns
             .fetch_max(waited, Ordering::Relaxed);
-        Some(job)
+        Some((job, Duration::from_nanos(waited)))
     }
 
     /// The index table the protocol allocates `peer`'s receiver indices in.

@@ -36,6 +36,19 @@ pub const TIMER_TICK: Duration = Duration::from_millis(10);
 /// from the data path; niced, they yield to transport data, and what they cannot take
 /// overflows their socket in the kernel.
 const HANDSHAKE_NICE: libc::c_int = 10;
+/// A handshake message that waited this long is urgent: the urgent handshake thread,
+/// at the data path's priority, takes messages while they have waited this long.
+/// Niced, the handshake thread gets a few percent of a core while transport data
+/// saturates the machine: at 10,000 peers rekeying under overload, messages waited
+/// 6 s on average and sessions reached REJECT_AFTER_TIME before their rekey
+/// completed. What waits in the lanes has passed the gate (under load, only proven
+/// source addresses, rate-limited per address), so the urgent thread takes a fair
+/// share of a core for it, as the kernel's handshake workers do. Well under
+/// REKEY_TIMEOUT, so that an initiator does not time out while its message waits.
+const HANDSHAKE_URGENT: Duration = Duration::from_secs(1);
+/// How often the urgent handshake thread looks at the lanes. Each look takes one
+/// message: a fresh one (the usual case) is handled at once, a few per second.
+const URGENT_POLL: Duration = Duration::from_millis(100);
 
 thread_local! {
     static READER: Cell<bool> = const { Cell::new(false) };
@@ -249,17 +262,34 @@ pub fn handshake_loop(hub: &HandshakeHub, sched: &dyn Scheduler, stop: &Receiver
                 recv(stop) -> _ => return,
             },
         };
-        if iface.stopping() {
-            continue;
-        }
-        if let Some(job) = iface.take_handshake() {
-            let c = StageCtx {
-                iface: &iface,
-                sched,
-            };
-            stages::contained(&iface, "handshake", || stages::handshake::process(c, job));
+        handle_handshake(&iface, sched);
+    }
+}
+
+/// The urgent handshake thread, at the data path's priority (see HANDSHAKE_URGENT):
+/// every URGENT_POLL it takes messages, and goes on while each had waited
+/// HANDSHAKE_URGENT, until `stop` disconnects. The two threads share the lanes'
+/// tokens, one per message; the stage itself runs on several threads at once, as the
+/// kernel's does (each peer's handshake state is under its lock).
+pub fn urgent_handshake_loop(hub: &HandshakeHub, sched: &dyn Scheduler, stop: &Receiver<()>) {
+    while let Err(crossbeam_channel::RecvTimeoutError::Timeout) = stop.recv_timeout(URGENT_POLL) {
+        while let Ok(iface) = hub.rx.try_recv() {
+            if handle_handshake(&iface, sched).is_none_or(|waited| waited < HANDSHAKE_URGENT) {
+                break;
+            }
         }
     }
+}
+
+/// One message of `iface`'s lanes through the handshake stage; how long it waited.
+fn handle_handshake(iface: &Arc<Interface>, sched: &dyn Scheduler) -> Option<Duration> {
+    if iface.stopping() {
+        return None;
+    }
+    let (job, waited) = iface.take_handshake()?;
+    let c = StageCtx { iface, sched };
+    stages::contained(iface, "handshake", || stages::handshake::process(c, job));
+    Some(waited)
 }
 
 /// The timer thread: every [`TIMER_TICK`] runs every interface's due protocol timers

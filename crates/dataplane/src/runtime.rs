@@ -1,5 +1,6 @@
-//! The process-wide runtime: the execution model's threads, the handshake thread and
-//! the timer thread, serving every interface of the process. An interface's own
+//! The process-wide runtime: the execution model's threads, the handshake threads (the
+//! niced one and its urgent half) and the timer thread, serving every interface of the
+//! process. An interface's own
 //! threads are only its readers (`loops::spawn_readers`); everything else is shared,
 //! so a tunnel beyond the first costs its readers and its state, never another pool.
 
@@ -61,6 +62,15 @@ impl Runtime {
         );
         let h = rt.shared.threads.spawn("wl-handshake".into(), move || {
             loops::handshake_loop(&hub, &*s, &stop)
+        })?;
+        rt.service_push(h);
+        let (hub, s, stop) = (
+            rt.shared.handshakes.clone(),
+            rt.sched.clone(),
+            rt.handshake_stop.rx.clone(),
+        );
+        let h = rt.shared.threads.spawn("wl-hs-urgent".into(), move || {
+            loops::urgent_handshake_loop(&hub, &*s, &stop)
         })?;
         rt.service_push(h);
         let (list, s, stop) = (

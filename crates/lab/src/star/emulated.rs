@@ -8,6 +8,11 @@
 //! hears makes it initiate again. Until the new session's response arrives the old one
 //! stays current; after it, the old one is kept as `previous`, because the gateway
 //! goes on sealing with it until our first message on the new one confirms it.
+//!
+//! Like any peer, it answers data it heard with a keepalive once KEEPALIVE_TIMEOUT
+//! passed without its sending anything (the passive keepalive, §6.5). Without it, a
+//! gateway that only sends to it would take the silence for a dead session and
+//! initiate handshakes of its own every few seconds.
 
 use rand_core::{OsRng, RngCore};
 use std::time::{Duration, Instant};
@@ -48,6 +53,11 @@ pub struct EmulatedPeer {
     previous: Option<Keypair>,
     /// An initiation is unanswered.
     pending: bool,
+    /// The counter of our next keepalive on the current session.
+    next_counter: u64,
+    /// When we first heard data that nothing we sent has followed since: the passive
+    /// keepalive's timer.
+    unanswered_since: Option<Instant>,
     /// The wall clock of the last initiation (kept increasing, see TIMESTAMP_STEP).
     last_wall: Duration,
     /// When the last initiation left (retries are due REKEY_TIMEOUT after it).
@@ -93,6 +103,8 @@ impl EmulatedPeer {
             keypair: None,
             previous: None,
             pending: false,
+            next_counter: 0,
+            unanswered_since: None,
             last_wall: Duration::ZERO,
             last_initiation: None,
             established_at: None,
@@ -120,7 +132,26 @@ impl EmulatedPeer {
         self.last_initiation = Some(now);
         self.initiations += 1;
         self.pending = true;
+        self.unanswered_since = None;
         bytes
+    }
+
+    /// A keepalive on the current session, with its next counter; None before the
+    /// first handshake.
+    pub fn keepalive(&mut self) -> Option<Vec<u8>> {
+        let k = self.keypair.as_ref()?;
+        let mut msg = vec![0u8; Self::sealed_len(0)];
+        k.seal(self.next_counter, &mut msg);
+        self.next_counter += 1;
+        self.unanswered_since = None;
+        Some(msg)
+    }
+
+    /// Whether data heard KEEPALIVE_TIMEOUT ago or more still waits for anything of
+    /// ours (then a keepalive is due).
+    pub fn keepalive_due(&self, now: Instant) -> bool {
+        self.unanswered_since
+            .is_some_and(|t| now.duration_since(t) >= KEEPALIVE_TIMEOUT)
     }
 
     /// Whether an unanswered initiation is due for a retry at `now`.
@@ -153,6 +184,7 @@ impl EmulatedPeer {
                         self.previous = self.keypair.replace(Keypair::new(&keys, since));
                         self.sessions += 1;
                         self.pending = false;
+                        self.next_counter = 0;
                         self.established_at = Some(now);
                         Heard::Established
                     }
@@ -175,12 +207,15 @@ impl EmulatedPeer {
                 let Ok(h) = TransportHeader::parse(msg) else {
                     return Heard::Ignored;
                 };
-                match self.session_of(h.receiver) {
-                    Some(session) => Heard::Transport {
-                        counter: h.counter,
-                        session,
-                    },
-                    None => Heard::Ignored,
+                let Some(session) = self.session_of(h.receiver) else {
+                    return Heard::Ignored;
+                };
+                if msg.len() > Self::sealed_len(0) {
+                    self.unanswered_since.get_or_insert(now);
+                }
+                Heard::Transport {
+                    counter: h.counter,
+                    session,
                 }
             }
             _ => Heard::Ignored,

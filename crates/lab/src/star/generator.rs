@@ -129,6 +129,8 @@ pub struct ReceiveReport {
     /// Initiations the peers sent to rekey, and the new sessions they got.
     pub rekey_initiations: u64,
     pub rekeys: u64,
+    /// Passive keepalives the peers sent.
+    pub keepalives: u64,
     pub first: Option<Instant>,
     pub last: Option<Instant>,
     pub cpu_s: f64,
@@ -350,13 +352,11 @@ impl Generator {
         Ok(())
     }
 
-    /// Sends peer `i`'s first message on its current session, a keepalive (counter
-    /// 0): the gateway, as responder, may send on a session only once it has heard on
-    /// it. Nothing before the first handshake.
-    fn confirm(&self, i: usize) -> Result<()> {
-        if self.peers[i].keypair.is_some() {
-            let mut msg = vec![0u8; EmulatedPeer::sealed_len(0)];
-            self.peers[i].seal(0, &mut msg);
+    /// Sends peer `i` a keepalive on its current session; the first (counter 0)
+    /// confirms the session: the gateway, as responder, may send on a session only
+    /// once it has heard on it. Nothing before the first handshake.
+    fn confirm(&mut self, i: usize) -> Result<()> {
+        if let Some(msg) = self.peers[i].keepalive() {
             self.socks[i].send_to(&msg, &self.gateway)?;
         }
         Ok(())
@@ -520,6 +520,10 @@ impl Generator {
                 for i in 0..n {
                     if self.peers[i].retry_due(now) {
                         self.initiate(i);
+                    }
+                    if self.peers[i].keepalive_due(now) {
+                        r.keepalives += 1;
+                        self.confirm(i)?;
                     }
                 }
             }

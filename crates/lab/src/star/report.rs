@@ -219,6 +219,10 @@ pub struct StarArgs {
     /// Each light peer's rate, Mbit/s of inner packets.
     #[arg(long, default_value_t = 1.0)]
     pub light_mbit: f64,
+    /// Transmit: the session age at which the peers rekey, s (default: the
+    /// whitepaper's 165 s for a receiving initiator).
+    #[arg(long)]
+    pub rekey_after_s: Option<f64>,
     /// Output directory (default: lab-results/star-<timestamp>).
     #[arg(long)]
     pub out: Option<std::path::PathBuf>,
@@ -260,7 +264,7 @@ pub fn run_cli(a: &StarArgs) -> Result<()> {
                 sink: a.sink,
                 light_peers: a.light_peers,
                 light_mbit: a.light_mbit,
-                rekey_after_s: None,
+                rekey_after_s: a.rekey_after_s,
             };
             spec.validate()?;
             spec.per_peer()?;
