@@ -37,7 +37,7 @@ pub const TIMER_TICK: Duration = Duration::from_millis(10);
 /// overflows their socket in the kernel.
 const HANDSHAKE_NICE: libc::c_int = 10;
 /// A handshake message that waited this long is urgent: the urgent handshake thread,
-/// at the data path's priority, takes messages while they have waited this long.
+/// at the data path's priority, then empties the lanes.
 /// Niced, the handshake thread gets a few percent of a core while transport data
 /// saturates the machine: at 10,000 peers rekeying under overload, messages waited
 /// 6 s on average and sessions reached REJECT_AFTER_TIME before their rekey
@@ -267,14 +267,20 @@ pub fn handshake_loop(hub: &HandshakeHub, sched: &dyn Scheduler, stop: &Receiver
 }
 
 /// The urgent handshake thread, at the data path's priority (see HANDSHAKE_URGENT):
-/// every URGENT_POLL it takes messages, and goes on while each had waited
-/// HANDSHAKE_URGENT, until `stop` disconnects. The two threads share the lanes'
-/// tokens, one per message; the stage itself runs on several threads at once, as the
-/// kernel's does (each peer's handshake state is under its lock).
+/// every URGENT_POLL it takes one message; if that one had waited HANDSHAKE_URGENT, it
+/// takes everything queued until the lanes are empty, until `stop` disconnects. Not
+/// "while each had waited": the cookie lane goes first, and its messages are fresh
+/// (a mac2 resend follows its cookie reply at once), so that rule stopped at the first
+/// of them and left the old ones behind. The two threads share the lanes' tokens, one
+/// per message; the stage runs on several threads at once, as the kernel's does (each
+/// peer's handshake state is under its lock).
 pub fn urgent_handshake_loop(hub: &HandshakeHub, sched: &dyn Scheduler, stop: &Receiver<()>) {
     while let Err(crossbeam_channel::RecvTimeoutError::Timeout) = stop.recv_timeout(URGENT_POLL) {
+        let mut urgent = false;
         while let Ok(iface) = hub.rx.try_recv() {
-            if handle_handshake(&iface, sched).is_none_or(|waited| waited < HANDSHAKE_URGENT) {
+            let waited = handle_handshake(&iface, sched);
+            urgent |= waited.is_some_and(|w| w >= HANDSHAKE_URGENT);
+            if !urgent {
                 break;
             }
         }
