@@ -46,8 +46,9 @@ const HANDSHAKE_NICE: libc::c_int = 10;
 /// share of a core for it, as the kernel's handshake workers do. Well under
 /// REKEY_TIMEOUT, so that an initiator does not time out while its message waits.
 const HANDSHAKE_URGENT: Duration = Duration::from_secs(1);
-/// How often the urgent handshake thread looks at the lanes. Each look takes one
-/// message: a fresh one (the usual case) is handled at once, a few per second.
+/// How often the urgent handshake thread looks at the lanes. Each look takes at most
+/// one message that is not urgent (handled at once, like any other), so it takes at
+/// most ten a second from the niced thread's share while nothing waits long.
 const URGENT_POLL: Duration = Duration::from_millis(100);
 
 thread_local! {

@@ -1,8 +1,8 @@
 //! The process-wide runtime: the execution model's threads, the handshake threads (the
 //! niced one and its urgent half) and the timer thread, serving every interface of the
-//! process. An interface's own
-//! threads are only its readers (`loops::spawn_readers`); everything else is shared,
-//! so a tunnel beyond the first costs its readers and its state, never another pool.
+//! process. An interface's own threads are only its readers (`loops::spawn_readers`);
+//! everything else is shared, so a tunnel beyond the first costs its readers and its
+//! state, never another pool.
 
 use crate::exec::{self, ExecModel, Model, Shared};
 use crate::interface::Interface;

@@ -126,11 +126,8 @@ pub struct ReceiveReport {
     pub sample_bad: u64,
     /// Distinct inner sequence numbers among the good samples, over all peers.
     pub sample_unique: u64,
-    /// Initiations the peers sent to rekey, and the new sessions they got.
-    pub rekey_initiations: u64,
+    /// New sessions the peers got by rekeying.
     pub rekeys: u64,
-    /// Passive keepalives the peers sent.
-    pub keepalives: u64,
     pub first: Option<Instant>,
     pub last: Option<Instant>,
     pub cpu_s: f64,
@@ -522,7 +519,6 @@ impl Generator {
                         self.initiate(i);
                     }
                     if self.peers[i].keepalive_due(now) {
-                        r.keepalives += 1;
                         self.confirm(i)?;
                     }
                 }
@@ -548,7 +544,6 @@ impl Generator {
                     Heard::Ignored => return,
                 };
                 if g.peers[peer].rekey_due(now, rekey_after) {
-                    r.rekey_initiations += 1;
                     g.initiate(peer);
                 }
                 if msg.len() == EmulatedPeer::sealed_len(0) {
