@@ -246,6 +246,9 @@ impl HandshakeHub {
     }
 }
 
+/// A handshake thread's body: the lanes' hub, the scheduler, the stop signal.
+pub type HandshakeLoop = fn(&HandshakeHub, &dyn Scheduler, &Receiver<()>);
+
 /// The handshake thread: takes one message of the announcing interface per token (its
 /// cookie lane first) through the handshake stage, until `stop` disconnects.
 pub fn handshake_loop(hub: &HandshakeHub, sched: &dyn Scheduler, stop: &Receiver<()>) {

@@ -55,24 +55,23 @@ impl Runtime {
             timer_stop: Arc::new(Waker::new()?),
             handshake_stop: exec::StopSignal::default(),
         };
-        let (hub, s, stop) = (
-            rt.shared.handshakes.clone(),
-            rt.sched.clone(),
-            rt.handshake_stop.rx.clone(),
-        );
-        let h = rt.shared.threads.spawn("wl-handshake".into(), move || {
-            loops::handshake_loop(&hub, &*s, &stop)
-        })?;
-        rt.service_push(h);
-        let (hub, s, stop) = (
-            rt.shared.handshakes.clone(),
-            rt.sched.clone(),
-            rt.handshake_stop.rx.clone(),
-        );
-        let h = rt.shared.threads.spawn("wl-hs-urgent".into(), move || {
-            loops::urgent_handshake_loop(&hub, &*s, &stop)
-        })?;
-        rt.service_push(h);
+        // Both handshake threads share the hub's lanes and the stop signal.
+        let handshake_threads: [(&str, loops::HandshakeLoop); 2] = [
+            ("wl-handshake", loops::handshake_loop),
+            ("wl-hs-urgent", loops::urgent_handshake_loop),
+        ];
+        for (name, run) in handshake_threads {
+            let (hub, s, stop) = (
+                rt.shared.handshakes.clone(),
+                rt.sched.clone(),
+                rt.handshake_stop.rx.clone(),
+            );
+            let h = rt
+                .shared
+                .threads
+                .spawn(name.into(), move || run(&hub, &*s, &stop))?;
+            rt.service_push(h);
+        }
         let (list, s, stop) = (
             rt.interfaces.clone(),
             rt.sched.clone(),
