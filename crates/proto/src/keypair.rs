@@ -7,6 +7,11 @@
 //! [`Opener`], the key prepared once per batch). Counters are reserved with one atomic
 //! add per batch. The replay window sits behind its own mutex, which only the peer's
 //! ordered receive stage takes, after decryption.
+//!
+//! The replay window (1 KiB) is allocated when the first message authenticates, not
+//! with the keypair. A responder's next keypair exists, unconfirmed, beside the
+//! current and previous ones until its first message arrives; that message also
+//! retires the oldest keypair, so a peer holds at most two windows, never three.
 
 use crate::crypto::{AeadError, AeadKey, KEY_LEN, TAG_LEN};
 use crate::handshake::SessionKeys;
@@ -36,7 +41,8 @@ pub struct Keypair {
     pub remote_index: u32,
     pub created: Duration,
     pub is_initiator: bool,
-    replay: Mutex<ReplayWindow>,
+    /// `None` until the first message authenticates (see the module comment).
+    replay: Mutex<Option<Box<ReplayWindow>>>,
 }
 
 impl Keypair {
@@ -50,7 +56,7 @@ impl Keypair {
             remote_index: keys.remote_index,
             created,
             is_initiator: keys.is_initiator,
-            replay: Mutex::new(ReplayWindow::default()),
+            replay: Mutex::new(None),
         }
     }
 
@@ -122,6 +128,7 @@ impl Keypair {
         self.replay
             .lock()
             .expect("replay window lock poisoned")
+            .get_or_insert_with(Box::default)
             .accept(counter)
     }
 }
@@ -164,5 +171,40 @@ impl Keypair {
     /// Moves the send counter forward without sending (to test message-count limits).
     pub(crate) fn skip_counters_for_test(&self, n: u64) {
         self.send_counter.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn keypair() -> Keypair {
+        let keys = SessionKeys {
+            send: [1; 32],
+            recv: [1; 32],
+            local_index: 7,
+            remote_index: 9,
+            is_initiator: false,
+        };
+        Keypair::new(&keys, Duration::ZERO)
+    }
+
+    fn holds_window(kp: &Keypair) -> bool {
+        kp.replay.lock().unwrap().is_some()
+    }
+
+    #[test]
+    fn the_replay_window_arrives_with_the_first_message() {
+        let kp = keypair();
+        assert!(!holds_window(&kp), "an unconfirmed keypair holds no window");
+        let mut msg = vec![0u8; TRANSPORT_HEADER_LEN + 16 + TAG_LEN];
+        kp.seal(5, &mut msg);
+        assert_eq!(kp.open(5, &mut msg), Ok(16));
+        assert!(kp.accept_counter(5));
+        assert!(holds_window(&kp));
+        // The window it made is the one later messages meet.
+        assert!(!kp.accept_counter(5), "a replay");
+        assert!(kp.accept_counter(4), "an earlier counter, once");
+        assert!(!kp.accept_counter(4));
     }
 }
