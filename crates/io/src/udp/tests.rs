@@ -322,3 +322,79 @@ fn sends_carry_the_ecn_field_asked_for() {
         }
     }
 }
+
+/// Receives into a slotted batch until `want` datagrams came or 2 s passed; each
+/// datagram with whether its slot was handed over.
+fn receive_slotted(sock: &UdpSocket, batch: &mut RecvBatch, want: usize) -> Vec<(Vec<u8>, bool)> {
+    let mut got = Vec::new();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    while got.len() < want && std::time::Instant::now() < deadline {
+        let n = match sock.recv_batch(batch) {
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+            Err(e) => panic!("{e}"),
+        };
+        for i in 0..n {
+            assert!(batch.origin(i).is_some());
+            batch.take_datagrams(i, &mut |d| {
+                got.push(match d {
+                    Datagram::Owned(buf, len) => {
+                        assert_eq!(buf.len(), 2048, "a whole slot");
+                        (buf[..len].to_vec(), true)
+                    }
+                    Datagram::Borrowed(b) => (b.to_vec(), false),
+                })
+            });
+            // Once only: the message's slots are fresh now.
+            batch.take_datagrams(i, &mut |_| panic!("taken twice"));
+        }
+    }
+    got
+}
+
+#[test]
+fn slotted_receive_hands_over_whole_slots_once_it_knows_the_segment() {
+    fn slot() -> Vec<u8> {
+        vec![0xee; 2048]
+    }
+    let a = UdpSocket::bind(false, 0).unwrap();
+    let b = UdpSocket::bind(false, 0).unwrap();
+    let dst = SocketAddr::from(([127, 0, 0, 1], b.local_port().unwrap()));
+    let mut batch = RecvBatch::slotted(4, 2048, slot);
+    // 52 datagrams: more than a message's slots, so the last ones land beyond them.
+    let pieces: Vec<Vec<u8>> = (0..52u8)
+        .map(|i| vec![i; if i == 51 { 700 } else { 1200 }])
+        .collect();
+    let refs: Vec<&[u8]> = pieces.iter().map(Vec::as_slice).collect();
+    let check = |got: &[(Vec<u8>, bool)]| {
+        assert_eq!(got.len(), 52);
+        for (i, (d, _)) in got.iter().enumerate() {
+            assert_eq!(d.len(), if i == 51 { 700 } else { 1200 }, "datagram {i}");
+            assert!(d.iter().all(|x| *x == i as u8), "datagram {i}");
+        }
+    };
+    for round in 0..2 {
+        if !a.send_segmented(&refs, 1200, &dst, None, NOT_ECT).unwrap() {
+            assert!(!a.gso_enabled());
+            return; // No UDP GSO here: nothing arrives coalesced.
+        }
+        let got = receive_slotted(&b, &mut batch, 52);
+        check(&got);
+        if round == 1 {
+            // Coalesced, the slots now have the segment's length: the first
+            // SLOTS_PER_MESSAGE go over whole and the rest by copy. Apart, each fits a
+            // slot of its own.
+            let owned = got.iter().filter(|g| g.1).count();
+            assert!(owned >= SLOTS_PER_MESSAGE, "{owned} handed over");
+            assert!(got[..SLOTS_PER_MESSAGE].iter().all(|g| g.1));
+        }
+    }
+    // A lone datagram longer than the slots is copied, and the slots grow to it.
+    for round in 0..2 {
+        a.send_to(&[7; 1500], &dst).unwrap();
+        let got = receive_slotted(&b, &mut batch, 1);
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].0, vec![7; 1500]);
+        assert_eq!(got[0].1, round == 1, "round {round}");
+    }
+}
