@@ -55,17 +55,12 @@ impl Packet {
     /// A buffer able to hold `payload` bytes of plaintext plus header and tag room.
     pub fn with_capacity(payload: usize) -> Packet {
         let need = HEADROOM + payload + TAILROOM;
-        Packet::around(if need <= pool::BUF_LEN {
-            pool::take()
-        } else {
-            vec![0; need]
-        })
-    }
-
-    /// A packet of nothing yet, in `buf`.
-    fn around(buf: Vec<u8>) -> Packet {
         Packet {
-            buf,
+            buf: if need <= pool::BUF_LEN {
+                pool::take()
+            } else {
+                vec![0; need]
+            },
             len: 0,
             counter: 0,
             src: None,
@@ -92,22 +87,15 @@ impl Packet {
         p
     }
 
-    /// A received datagram, copied to the start of a buffer of its own.
-    pub fn from_datagram(dgram: &[u8]) -> Packet {
+    /// A received datagram from `src` to `local`, kept at the start of the buffer.
+    pub fn from_datagram(dgram: &[u8], src: SocketAddr, local: Option<LocalAddr>) -> Packet {
         // Room for a plaintext of the datagram's length less header and tag is room for
         // the datagram itself.
         let mut p = Packet::with_capacity(dgram.len().saturating_sub(HEADROOM + TAILROOM));
         p.buf[..dgram.len()].copy_from_slice(dgram);
         p.len = dgram.len();
-        p
-    }
-
-    /// A received datagram that already lies at the start of `buf`, `len` bytes long
-    /// (a receive slot handed over). Decryption in place needs no room beyond it.
-    pub fn from_buffer(buf: Vec<u8>, len: usize) -> Packet {
-        debug_assert!(len <= buf.len());
-        let mut p = Packet::around(buf);
-        p.len = len;
+        p.src = Some(src);
+        p.local = local;
         p
     }
 

@@ -9,7 +9,7 @@ use std::io::{self, IoSlice};
 use std::net::SocketAddr;
 use std::os::fd::RawFd;
 use wirelane_io::tun::Tun;
-use wirelane_io::udp::{Datagram, LocalAddr, Origin, RecvBatch, UdpSocket};
+use wirelane_io::udp::{LocalAddr, Received, RecvBatch, UdpSocket};
 
 /// The plaintext side: a TUN device, or a double.
 pub trait TunPort: Send + Sync {
@@ -81,14 +81,12 @@ pub trait UdpPort: Send + Sync {
     fn gro_enabled(&self) -> bool;
     /// Whether segmented sends are (still) believed to work.
     fn gso_enabled(&self) -> bool;
-    /// Receives what is queued, up to one batch of messages, without blocking, and
-    /// hands each datagram to `each` with its message's origin, in order (see
-    /// [`RecvBatch::take_datagrams`]); returns how many messages. `WouldBlock` when
-    /// nothing is queued.
+    /// Receives what is queued, up to one batch, without blocking, and hands each
+    /// buffer to `each`; returns how many. `WouldBlock` when nothing is queued.
     fn recv_each(
         &self,
         batch: &mut RecvBatch,
-        each: &mut dyn FnMut(&Origin, Datagram<'_>),
+        each: &mut dyn FnMut(Received<'_>),
     ) -> io::Result<usize>;
     /// See [`UdpSocket::send_batch`].
     fn send_batch(
@@ -142,12 +140,12 @@ impl UdpPort for UdpSocket {
     fn recv_each(
         &self,
         batch: &mut RecvBatch,
-        each: &mut dyn FnMut(&Origin, Datagram<'_>),
+        each: &mut dyn FnMut(Received<'_>),
     ) -> io::Result<usize> {
         let n = self.recv_batch(batch)?;
         for i in 0..n {
-            if let Some(o) = batch.origin(i) {
-                batch.take_datagrams(i, &mut |d| each(&o, d));
+            if let Some(r) = batch.datagram(i) {
+                each(r);
             }
         }
         Ok(n)

@@ -18,7 +18,7 @@ use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
-use wirelane_io::udp::{Datagram, LocalAddr, Origin, RecvBatch};
+use wirelane_io::udp::{LocalAddr, Received, RecvBatch};
 
 /// Datagrams a memory socket holds before it drops (its receive buffer).
 pub const SOCKET_DATAGRAMS: usize = 1 << 16;
@@ -244,20 +244,21 @@ impl UdpPort for MemoryUdp {
     fn recv_each(
         &self,
         batch: &mut RecvBatch,
-        each: &mut dyn FnMut(&Origin, Datagram<'_>),
+        each: &mut dyn FnMut(Received<'_>),
     ) -> io::Result<usize> {
         let got = self.inbox.take(batch.capacity());
         if got.is_empty() {
             return Err(io::ErrorKind::WouldBlock.into());
         }
         for (data, src) in &got {
-            let origin = Origin {
+            each(Received {
+                data,
                 src: *src,
+                segment: 0,
                 local: None,
                 rx_time_ns: 0,
                 ecn: 0,
-            };
-            each(&origin, Datagram::Borrowed(data));
+            });
         }
         Ok(got.len())
     }

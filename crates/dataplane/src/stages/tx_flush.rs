@@ -143,7 +143,7 @@ mod tests {
     use std::io;
     use std::os::fd::RawFd;
     use std::sync::Mutex;
-    use wirelane_io::udp::{Origin, RecvBatch};
+    use wirelane_io::udp::{Received, RecvBatch};
 
     /// A socket that records each send as (datagrams, ECN field).
     struct Recorder {
@@ -170,7 +170,7 @@ mod tests {
         fn recv_each(
             &self,
             _: &mut RecvBatch,
-            _: &mut dyn FnMut(&Origin, wirelane_io::udp::Datagram<'_>),
+            _: &mut dyn FnMut(Received<'_>),
         ) -> io::Result<usize> {
             Err(io::ErrorKind::WouldBlock.into())
         }

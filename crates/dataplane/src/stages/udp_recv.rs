@@ -1,16 +1,13 @@
 //! Stage RX-1, udp recv. Input: one UDP socket. Output: a vector of datagrams with
 //! their sources, in arrival order (recvmmsg). With UDP GRO the kernel may hand over
 //! several datagrams of one flow in one buffer; they are split apart here, so later
-//! stages always see single datagrams. The GRO receive scatters each message over
-//! pool-sized slots, so a datagram that lands alone in a slot becomes its packet's
-//! buffer without a copy (`RecvBatch::slotted`). Each keeps the kernel's arrival time (where its
+//! stages always see single datagrams. Each keeps the kernel's arrival time (where its
 //! sojourn starts), its outer ECN field, and whether more datagrams waited behind it.
 
 use crate::packet::{Packet, MAX_BATCH};
-use crate::pool;
 use crate::ports::UdpPort;
 use std::io;
-use wirelane_io::udp::{Datagram, RecvBatch};
+use wirelane_io::udp::RecvBatch;
 
 /// Receive buffers of one reader thread, allocated once.
 pub struct RecvScratch {
@@ -28,13 +25,10 @@ impl RecvScratch {
         // A coalesced buffer can be as large as a UDP datagram; a single one as large as
         // a full-MTU transport message (larger ones are truncated and then fail
         // authentication, which is the right outcome for them).
-        let batch = if gro {
-            RecvBatch::slotted(MAX_BATCH / 4, pool::BUF_LEN, pool::take)
-        } else {
-            RecvBatch::new(MAX_BATCH, 9216)
-        };
+        let size = if gro { 65536 } else { 9216 };
+        let count = if gro { MAX_BATCH / 4 } else { MAX_BATCH };
         RecvScratch {
-            batch,
+            batch: RecvBatch::new(count, size),
             filled: false,
             packets: Vec::new(),
         }
@@ -56,16 +50,13 @@ pub fn recv_batch<'s>(
     let out = &mut s.packets;
     // What the last receive's consumer left (it drains them all).
     out.clear();
-    let n = match sock.recv_each(&mut s.batch, &mut |o, d| {
-        let mut p = match d {
-            Datagram::Owned(buf, len) => Packet::from_buffer(buf, len),
-            Datagram::Borrowed(d) => Packet::from_datagram(d),
-        };
-        p.src = Some(o.src);
-        p.local = o.local;
-        p.arrival_ns = o.rx_time_ns;
-        p.outer_ecn = o.ecn;
-        out.push(p);
+    let n = match sock.recv_each(&mut s.batch, &mut |r| {
+        out.extend(r.datagrams().map(|d| {
+            let mut p = Packet::from_datagram(d, r.src, r.local);
+            p.arrival_ns = r.rx_time_ns;
+            p.outer_ecn = r.ecn;
+            p
+        }));
     }) {
         Ok(n) => n,
         Err(e) if e.kind() == io::ErrorKind::WouldBlock => 0,

@@ -17,7 +17,7 @@ mod tests;
 use addr::*;
 pub use addr::{LocalAddr, NOT_ECT};
 use recv_batch::{Ancillary, UDP_GRO};
-pub use recv_batch::{Datagram, Origin, Received, RecvBatch, MIN_SLOT, SLOTS_PER_MESSAGE};
+pub use recv_batch::{Received, RecvBatch};
 use steering::*;
 pub use steering::{ProofRule, Steering};
 
