@@ -9,9 +9,9 @@
 //! ordered receive stage takes, after decryption.
 //!
 //! The replay window (1 KiB) is allocated when the first message authenticates, not
-//! with the keypair. A responder's next keypair exists, unconfirmed, beside the
-//! current and previous ones until its first message arrives; that message also
-//! retires the oldest keypair, so a peer holds at most two windows, never three.
+//! with the keypair: a responder's next keypair waits unconfirmed beside the current
+//! one until the initiator uses it, and one that a newer handshake replaces first (a
+//! retried initiation) never needs a window at all.
 
 use crate::crypto::{AeadError, AeadKey, KEY_LEN, TAG_LEN};
 use crate::handshake::SessionKeys;
