@@ -29,7 +29,8 @@ pub const REJECT_AFTER_TIME: Duration = Duration::from_secs(180);
 pub struct Keypair {
     /// The raw keys, not the AEAD library's prepared ones: a prepared key takes 544
     /// bytes (sized for AES-GCM's key schedule) where ChaCha20-Poly1305 needs these 32,
-    /// and a gateway holds up to three keypairs per peer: about 10 MiB more at 10,000 peers.
+    /// and of a peer's three keypair slots (current, previous, next) two are filled at
+    /// once, so prepared keys would cost about 20 MiB more at 10,000 peers.
     /// Preparing one is a copy, done per batch by [`Keypair::sealer`] and
     /// [`Keypair::opener`].
     send: [u8; KEY_LEN],
