@@ -20,7 +20,7 @@ use std::sync::Arc;
 use wirelane_dataplane::sockets::SocketRole;
 use wirelane_dataplane::stats::{hist_lower_bound, DROP_REASONS};
 use wirelane_dataplane::{Interface, Runtime};
-use wirelane_proto::base64_key;
+use wirelane_proto::{base64_key, InitiationReason};
 
 /// `stats=1` counters exposed as a series of their own: (counter, metric, help).
 const COUNTERS: &[(&str, &str, &str)] = &[
@@ -183,6 +183,14 @@ fn device(f: &mut Families, d: &Device, rt: &Runtime) {
     }
     for (counter, metric, help) in COUNTERS {
         f.counter(metric, help, &on, stat(counter));
+    }
+    for reason in InitiationReason::ALL {
+        f.counter(
+            "wirelane_handshake_initiations_total",
+            "Handshake initiations sent, by the rule that started each.",
+            &[on[0], ("reason", reason.name())],
+            stat(&format!("initiations_{}", reason.name())),
+        );
     }
     f.gauge(
         "wirelane_under_load",

@@ -12,6 +12,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 use wirelane_lab::impls::{start_wirelane, WIRELANE};
 use wirelane_lab::testbed::*;
+use wirelane_proto::InitiationReason;
 
 const METRICS: &str = "127.0.0.1:9586";
 const PROMETHEUS: &str = "127.0.0.1:9090";
@@ -235,6 +236,17 @@ fn prometheus_stores_what_wg_shows() {
         );
         assert!(p99.is_some_and(|v| v > 0.0), "{direction}: p99 {p99:?}");
     }
+
+    // Every initiation the daemon sent is in Prometheus, under the rule that started it.
+    until_stored("the initiations by reason", || {
+        let st = wirelane_lab::uapi::stats(&name).expect("stats=1");
+        let sent: u64 = InitiationReason::ALL
+            .iter()
+            .map(|r| st[&format!("initiations_{}", r.name())])
+            .sum();
+        let query = format!("sum(wirelane_handshake_initiations_total{on})");
+        (prom_value(&pair.a, &query), Some(Some(sent as f64)))
+    });
 
     // Junk moves the drop counter by what was sent.
     let drops = format!("wirelane_drops_total{{device=\"{name}\",reason=\"rx_unknown_index\"}}");

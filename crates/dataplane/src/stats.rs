@@ -15,6 +15,7 @@ use crate::queue::Drained;
 use std::cell::Cell;
 use std::ops::Deref;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use wirelane_proto::InitiationReason;
 
 /// Shards per interface: more than the threads that write at once on most machines
 /// (readers and workers of a few cores).
@@ -177,6 +178,17 @@ counters! {
     handshakes_completed,
     /// Diffie-Hellman operations spent on received handshake messages.
     handshake_dh,
+    /// Handshake initiations sent, by the rule that started each
+    /// (`wirelane_proto::InitiationReason`): data and no session, data and an expired
+    /// one, a rekey on sending or on receiving, data sent and unanswered for 15 s, a
+    /// retry after REKEY_TIMEOUT, a resend with the cookie a reply brought.
+    initiations_no_session,
+    initiations_session_expired,
+    initiations_rekey_on_send,
+    initiations_rekey_on_receive,
+    initiations_unanswered,
+    initiations_retry,
+    initiations_cookie_reply,
     /// Serial-stage invocations (ordered flush or delivery), the execution-order
     /// signatures of design.md §4: how many ran, the batches and packets they handled,
     /// how many found nothing ready ("empty polls"), how many stopped at a head batch
@@ -195,6 +207,21 @@ counters! {
     /// a read, a handshake message), and the pipeline goes on (`stages::run_crypt`,
     /// `run_serial`, `contained`).
     stage_panics,
+}
+
+impl Counters {
+    /// The counter of initiations started for `reason`.
+    pub fn initiations(&self, reason: InitiationReason) -> &Counter {
+        match reason {
+            InitiationReason::NoSession => &self.initiations_no_session,
+            InitiationReason::SessionExpired => &self.initiations_session_expired,
+            InitiationReason::RekeyOnSend => &self.initiations_rekey_on_send,
+            InitiationReason::RekeyOnReceive => &self.initiations_rekey_on_receive,
+            InitiationReason::Unanswered => &self.initiations_unanswered,
+            InitiationReason::Retry => &self.initiations_retry,
+            InitiationReason::CookieReply => &self.initiations_cookie_reply,
+        }
+    }
 }
 
 /// The counters that count a packet or message dropped, by reason: the daemon's

@@ -42,6 +42,10 @@ pub struct Signatures {
     /// What the queues did (absent from records of older builds).
     #[serde(default)]
     pub queues: crate::queues::QueueSig,
+    /// Handshake initiations the daemon sent, by the rule that started them (the
+    /// `initiations_REASON` counters that grew; absent from older builds' records).
+    #[serde(default)]
+    pub initiations: BTreeMap<String, u64>,
 }
 
 impl Signatures {
@@ -85,7 +89,23 @@ impl Signatures {
             hist,
             threads: threads.into_values().collect(),
             queues: crate::queues::QueueSig::between(before, after),
+            initiations: after
+                .keys()
+                .filter_map(|k| Some((k.strip_prefix("initiations_")?, d(k))))
+                .filter(|&(_, n)| n > 0)
+                .map(|(reason, n)| (reason.to_string(), n))
+                .collect(),
         }
+    }
+
+    /// The initiations by reason, as "12 no_session, 3 retry"; empty if none.
+    pub fn initiations_summary(&self) -> String {
+        let parts: Vec<String> = self
+            .initiations
+            .iter()
+            .map(|(reason, n)| format!("{n} {reason}"))
+            .collect();
+        parts.join(", ")
     }
 
     /// Packets handled per serial-stage invocation.

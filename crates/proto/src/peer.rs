@@ -50,10 +50,64 @@ impl Ctx<'_> {
     }
 }
 
+/// Why a handshake initiation left: which of the protocol's rules started it. A
+/// gateway that initiates more than its peers' rekeys explain can tell from these
+/// whether sessions expired before the peers rekeyed, or data went unanswered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InitiationReason {
+    /// Data to send and no session at all.
+    NoSession,
+    /// Data to send and a session that may no longer send: REJECT_AFTER_TIME or
+    /// REJECT_AFTER_MESSAGES reached.
+    SessionExpired,
+    /// Data sent on our own session once it is REKEY_AFTER_TIME old or has sent
+    /// REKEY_AFTER_MESSAGES.
+    RekeyOnSend,
+    /// Data heard on our own session once it is REJECT_AFTER_TIME − KEEPALIVE_TIMEOUT −
+    /// REKEY_TIMEOUT old.
+    RekeyOnReceive,
+    /// Data sent KEEPALIVE_TIMEOUT + REKEY_TIMEOUT ago drew nothing back.
+    Unanswered,
+    /// The previous initiation drew no response within REKEY_TIMEOUT.
+    Retry,
+    /// A cookie reply for the initiation in flight: it goes again at once, with mac2.
+    CookieReply,
+}
+
+impl InitiationReason {
+    pub const ALL: [InitiationReason; 7] = [
+        InitiationReason::NoSession,
+        InitiationReason::SessionExpired,
+        InitiationReason::RekeyOnSend,
+        InitiationReason::RekeyOnReceive,
+        InitiationReason::Unanswered,
+        InitiationReason::Retry,
+        InitiationReason::CookieReply,
+    ];
+
+    /// The reason in snake case, as counters and metric labels name it.
+    pub fn name(self) -> &'static str {
+        match self {
+            InitiationReason::NoSession => "no_session",
+            InitiationReason::SessionExpired => "session_expired",
+            InitiationReason::RekeyOnSend => "rekey_on_send",
+            InitiationReason::RekeyOnReceive => "rekey_on_receive",
+            InitiationReason::Unanswered => "unanswered",
+            InitiationReason::Retry => "retry",
+            InitiationReason::CookieReply => "cookie_reply",
+        }
+    }
+}
+
 /// Work a protocol step asks its caller to do.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Output {
-    /// Send this handshake message (initiation or response) to the peer's endpoint.
+    /// Send this handshake initiation to the peer's endpoint.
+    Initiation {
+        reason: InitiationReason,
+        message: Vec<u8>,
+    },
+    /// Send this handshake response to the peer's endpoint.
     Handshake(Vec<u8>),
     /// A session is usable: send the staged packets; if none are staged and
     /// `keepalive_if_empty`, send a keepalive to confirm the session.
@@ -190,8 +244,8 @@ impl PeerState {
     }
 
     /// Starts (or retries) a handshake. At most one initiation per REKEY_TIMEOUT.
-    pub fn initiate(&mut self, ctx: &mut Ctx, is_retry: bool, out: &mut Vec<Output>) {
-        if !is_retry {
+    pub fn initiate(&mut self, ctx: &mut Ctx, reason: InitiationReason, out: &mut Vec<Output>) {
+        if reason != InitiationReason::Retry {
             self.handshake_attempts = 0;
         }
         if let Some(t) = self.last_sent_initiation {
@@ -200,11 +254,11 @@ impl PeerState {
             }
         }
         self.cookie_retry_spent = false;
-        self.send_initiation(ctx, out);
+        self.send_initiation(ctx, reason, out);
     }
 
     /// Builds, stamps and queues a fresh initiation, and arms its retry timer.
-    fn send_initiation(&mut self, ctx: &mut Ctx, out: &mut Vec<Output>) {
+    fn send_initiation(&mut self, ctx: &mut Ctx, reason: InitiationReason, out: &mut Vec<Output>) {
         let Some(local) = ctx.local else { return };
         let index = ctx.indices.allocate();
         let (msg, replaced) = match self
@@ -226,7 +280,10 @@ impl PeerState {
         self.any_authenticated_traversal(ctx.now);
         self.any_authenticated_sent();
         self.timers.retransmit_handshake = Some(ctx.now + REKEY_TIMEOUT + ctx.jitter());
-        out.push(Output::Handshake(bytes.to_vec()));
+        out.push(Output::Initiation {
+            reason,
+            message: bytes.to_vec(),
+        });
     }
 
     /// Finishes an initiation addressed to this peer (phase two) and answers it.
@@ -327,7 +384,7 @@ impl PeerState {
         self.cookies.consume_reply(reply, ctx.now)?;
         if self.handshake.pending_index() == Some(reply.receiver) && !self.cookie_retry_spent {
             self.cookie_retry_spent = true;
-            self.send_initiation(ctx, out);
+            self.send_initiation(ctx, InitiationReason::CookieReply, out);
         }
         Ok(())
     }
@@ -344,11 +401,13 @@ impl PeerState {
             .current
             .as_ref()
             .and_then(|kp| kp.reserve_counters(n, ctx.now).map(|c| (kp.clone(), c)));
-        match &reserved {
-            Some((kp, _)) if kp.wants_rekey_on_send(ctx.now) => self.initiate(ctx, false, out),
-            Some(_) => {}
-            None => self.initiate(ctx, false, out),
-        }
+        let reason = match (&reserved, &self.current) {
+            (Some((kp, _)), _) if kp.wants_rekey_on_send(ctx.now) => InitiationReason::RekeyOnSend,
+            (Some(_), _) => return reserved,
+            (None, Some(_)) => InitiationReason::SessionExpired,
+            (None, None) => InitiationReason::NoSession,
+        };
+        self.initiate(ctx, reason, out);
         reserved
     }
 
@@ -406,7 +465,7 @@ impl PeerState {
                     && ctx.now.saturating_sub(cur.created) >= limit
                 {
                     self.sent_lastminute_handshake = true;
-                    self.initiate(ctx, false, out);
+                    self.initiate(ctx, InitiationReason::RekeyOnReceive, out);
                 }
             }
         }
@@ -434,7 +493,7 @@ impl PeerState {
                 }
             } else {
                 self.handshake_attempts += 1;
-                self.initiate(ctx, true, out);
+                self.initiate(ctx, InitiationReason::Retry, out);
             }
         }
         if fired.send_keepalive {
@@ -445,7 +504,7 @@ impl PeerState {
             }
         }
         if fired.new_handshake {
-            self.initiate(ctx, false, out);
+            self.initiate(ctx, InitiationReason::Unanswered, out);
         }
         if fired.zero_key_material {
             self.zero_key_material(ctx);

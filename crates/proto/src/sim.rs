@@ -9,7 +9,7 @@
 use crate::cookie::{Gate, GateVerdict};
 use crate::handshake::{consume_initiation_phase1, HandshakeError, LocalIdentity};
 use crate::messages::*;
-use crate::peer::{Ctx, IndexTable, Output, PeerState};
+use crate::peer::{Ctx, IndexTable, InitiationReason, Output, PeerState};
 use rand_core::{CryptoRng, RngCore};
 use std::collections::{HashSet, VecDeque};
 use std::net::SocketAddr;
@@ -62,6 +62,8 @@ pub const EPOCH: Duration = Duration::from_secs(1_700_000_000);
 #[derive(Default, Debug)]
 pub struct Stats {
     pub initiations_sent: usize,
+    /// Why each initiation left, in order.
+    pub initiation_reasons: Vec<InitiationReason>,
     pub responses_sent: usize,
     pub cookie_replies_sent: usize,
     pub keepalives_sent: usize,
@@ -190,11 +192,16 @@ impl Sim {
     pub fn carry_out(&mut self, i: usize, outs: Vec<Output>) {
         for o in outs {
             match o {
+                Output::Initiation { reason, message } => {
+                    assert_eq!(message[0], TYPE_INITIATION);
+                    let stats = &mut self.nodes[i].stats;
+                    stats.initiations_sent += 1;
+                    stats.initiation_reasons.push(reason);
+                    self.transmit(i, message);
+                }
                 Output::Handshake(b) => {
-                    match b[0] {
-                        TYPE_INITIATION => self.nodes[i].stats.initiations_sent += 1,
-                        _ => self.nodes[i].stats.responses_sent += 1,
-                    }
+                    assert_eq!(b[0], TYPE_RESPONSE);
+                    self.nodes[i].stats.responses_sent += 1;
                     self.transmit(i, b);
                 }
                 Output::SendStaged { keepalive_if_empty } => {

@@ -3,7 +3,7 @@
 use crate::handshake::HandshakeError;
 use crate::keypair::{REJECT_AFTER_TIME, REKEY_AFTER_MESSAGES, REKEY_AFTER_TIME};
 use crate::messages::*;
-use crate::peer::PeerState;
+use crate::peer::{InitiationReason, PeerState};
 use crate::sim::*;
 use crate::timers::*;
 use std::time::Duration;
@@ -33,6 +33,10 @@ fn handshake_and_data_both_directions() {
     }
     assert_eq!(s.nodes[0].delivered.len() + s.nodes[1].delivered.len(), 52);
     assert_eq!(s.nodes[0].stats.initiations_sent, 1, "no extra handshakes");
+    assert_eq!(
+        s.nodes[0].stats.initiation_reasons,
+        [InitiationReason::NoSession]
+    );
     assert!(s.nodes.iter().all(|n| n.stats.handshake_errors.is_empty()));
 }
 
@@ -41,7 +45,9 @@ fn responder_without_confirmation_sends_keepalive_first() {
     // The initiator's first message after the response is a keepalive when nothing is
     // staged, so the responder can send at once.
     let mut s = Sim::new();
-    s.with_ctx(0, |p, ctx, out| p.initiate(ctx, false, out));
+    s.with_ctx(0, |p, ctx, out| {
+        p.initiate(ctx, InitiationReason::NoSession, out)
+    });
     s.flush();
     assert_eq!(s.nodes[0].stats.keepalives_sent, 1);
     assert!(s.nodes[1].peer.can_send(s.now));
@@ -66,6 +72,10 @@ fn rekey_after_time() {
     assert_eq!(
         s.nodes[0].stats.initiations_sent, 2,
         "initiator rekeys after 120 s"
+    );
+    assert_eq!(
+        s.nodes[0].stats.initiation_reasons,
+        [InitiationReason::NoSession, InitiationReason::RekeyOnSend]
     );
     let second = s.nodes[0].peer.current_keypair().unwrap().local_index;
     assert_ne!(first, second);
@@ -125,6 +135,10 @@ fn rekey_after_messages() {
     assert_eq!(
         s.nodes[0].stats.initiations_sent, 2,
         "message count triggers rekey"
+    );
+    assert_eq!(
+        s.nodes[0].stats.initiation_reasons[1],
+        InitiationReason::RekeyOnSend
     );
     let new = s.nodes[0].peer.current_keypair().unwrap();
     assert!(!std::sync::Arc::ptr_eq(&kp, new));
@@ -188,6 +202,9 @@ fn retries_then_give_up() {
         gave_up_at > 90 * SEC && gave_up_at < 110 * SEC,
         "{gave_up_at:?}"
     );
+    let reasons = &s.nodes[0].stats.initiation_reasons;
+    assert_eq!(reasons[0], InitiationReason::NoSession);
+    assert!(reasons[1..].iter().all(|r| *r == InitiationReason::Retry));
     assert!(
         s.nodes[0].staged.is_empty(),
         "staged packets dropped on giving up"
@@ -205,6 +222,10 @@ fn cookie_path_under_load() {
     // without waiting REKEY_TIMEOUT for its retry timer.
     assert_eq!(s.nodes[1].stats.cookie_replies_sent, 1);
     assert_eq!(s.nodes[0].stats.initiations_sent, 2);
+    assert_eq!(
+        s.nodes[0].stats.initiation_reasons,
+        [InitiationReason::NoSession, InitiationReason::CookieReply]
+    );
     assert_eq!(s.nodes[1].stats.responses_sent, 1);
     assert_eq!(s.nodes[1].delivered, vec![payload(1)]);
     // Nothing more happens later: the session is up.
@@ -321,6 +342,31 @@ fn new_handshake_when_sent_data_gets_no_answer() {
     assert_eq!(s.nodes[0].stats.initiations_sent, 1);
     s.advance(2 * SEC, 100 * MS);
     assert_eq!(s.nodes[0].stats.initiations_sent, 2);
+    assert_eq!(
+        s.nodes[0].stats.initiation_reasons[1],
+        InitiationReason::Unanswered
+    );
+}
+
+#[test]
+fn a_responder_whose_session_expired_initiates_for_its_data() {
+    // The responder never rekeys on age; once its session is REJECT_AFTER_TIME old,
+    // data it must send starts a handshake of its own, for the expired session.
+    let mut s = Sim::new();
+    s.app_send(0, &payload(1));
+    s.drop_to = [true, true];
+    s.advance(REJECT_AFTER_TIME + SEC, SEC);
+    assert_eq!(s.nodes[1].stats.initiations_sent, 0);
+    s.app_send(1, &payload(2));
+    assert_eq!(
+        s.nodes[1].stats.initiation_reasons,
+        [InitiationReason::SessionExpired]
+    );
+    assert_eq!(
+        s.nodes[1].staged.len(),
+        1,
+        "the data waits for the handshake"
+    );
 }
 
 #[test]
@@ -367,7 +413,9 @@ fn initiation_replay_and_flood_limits() {
     s.nodes[0].peer.set_endpoint(s.nodes[1].addr);
     s.net.clear();
     s.drop_to[1] = true;
-    s.with_ctx(0, |p, ctx, out| p.initiate(ctx, false, out));
+    s.with_ctx(0, |p, ctx, out| {
+        p.initiate(ctx, InitiationReason::NoSession, out)
+    });
     let fresh = s.nodes[0].sent_log.last().unwrap().clone();
     s.receive(1, fresh.clone());
     assert_eq!(

@@ -65,6 +65,13 @@ pub fn step<R>(
     let (r, outs) = take_step(c, peer, f);
     for o in outs {
         match o {
+            Output::Initiation { reason, message } => {
+                c.iface
+                    .stats
+                    .initiations(reason)
+                    .fetch_add(1, Ordering::Relaxed);
+                send_to_peer(c, peer, &message)
+            }
             Output::Handshake(bytes) => send_to_peer(c, peer, &bytes),
             Output::SendStaged { keepalive_if_empty } => send_staged(c, peer, keepalive_if_empty),
             Output::Keepalive => {

@@ -19,7 +19,7 @@ pub fn run_due(c: StageCtx<'_>) {
         peer.timer_at.store(u64::MAX, Ordering::Relaxed);
         step(c, &peer, |state, ctx, out| {
             state.tick(ctx, out);
-            if out.iter().any(|o| matches!(o, Output::Handshake(_))) {
+            if out.iter().any(|o| matches!(o, Output::Initiation { .. })) {
                 peer.forget_source();
             }
         });

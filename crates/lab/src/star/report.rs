@@ -289,7 +289,7 @@ pub fn run_cli(a: &StarArgs) -> Result<()> {
             let what = match &r.error {
                 Some(e) => format!("error: {e}"),
                 None => format!(
-                    "{:.2} Gbit/s, {} of {} delivered, handshakes {:.2} s{}{}",
+                    "{:.2} Gbit/s, {} of {} delivered, handshakes {:.2} s{}{}{}",
                     r.goodput_bps / 1e9,
                     r.delivered,
                     r.sent + r.unsent,
@@ -300,6 +300,10 @@ pub fn run_cli(a: &StarArgs) -> Result<()> {
                     },
                     r.rss_growth_kib()
                         .map_or(String::new(), |k| format!(", RSS growth {k} KiB")),
+                    match r.signatures.as_ref().map(|s| s.initiations_summary()) {
+                        Some(s) if !s.is_empty() => format!(", gateway initiations: {s}"),
+                        _ => String::new(),
+                    },
                 ),
             };
             eprintln!(
