@@ -203,12 +203,15 @@ pub fn consume_initiation_phase1(
 
 enum State {
     Idle,
-    /// We sent an initiation and wait for its response.
-    InitiationSent {
-        sym: Symmetric,
-        ephemeral: StaticSecret,
-        local_index: u32,
-    },
+    /// We sent an initiation and wait for its response. Boxed: at any moment most of a
+    /// large gateway's peers have none in flight, and pay 8 bytes instead of about 110.
+    InitiationSent(Box<InFlight>),
+}
+
+struct InFlight {
+    sym: Symmetric,
+    ephemeral: StaticSecret,
+    local_index: u32,
 }
 
 /// Per-peer handshake state: the peer's static key, the preshared key, replay and
@@ -262,7 +265,7 @@ impl Handshake {
     /// Drops an in-flight initiation; returns its index so the caller can release it.
     pub fn clear(&mut self) -> Option<u32> {
         match std::mem::replace(&mut self.state, State::Idle) {
-            State::InitiationSent { local_index, .. } => Some(local_index),
+            State::InitiationSent(f) => Some(f.local_index),
             State::Idle => None,
         }
     }
@@ -270,7 +273,7 @@ impl Handshake {
     /// Index of the initiation in flight, if any.
     pub fn pending_index(&self) -> Option<u32> {
         match &self.state {
-            State::InitiationSent { local_index, .. } => Some(*local_index),
+            State::InitiationSent(f) => Some(f.local_index),
             State::Idle => None,
         }
     }
@@ -317,11 +320,11 @@ impl Handshake {
             mac2: [0; 16],
         };
         let replaced = self.clear();
-        self.state = State::InitiationSent {
+        self.state = State::InitiationSent(Box::new(InFlight {
             sym,
             ephemeral,
             local_index,
-        };
+        }));
         Ok((msg, replaced))
     }
 
@@ -398,14 +401,14 @@ impl Handshake {
         local: &LocalIdentity,
         msg: &Response,
     ) -> Result<SessionKeys, HandshakeError> {
-        let State::InitiationSent {
+        let State::InitiationSent(in_flight) = &self.state else {
+            return Err(HandshakeError::UnexpectedResponse);
+        };
+        let InFlight {
             sym,
             ephemeral,
             local_index,
-        } = &self.state
-        else {
-            return Err(HandshakeError::UnexpectedResponse);
-        };
+        } = &**in_flight;
         if msg.receiver != *local_index {
             return Err(HandshakeError::UnexpectedResponse);
         }
