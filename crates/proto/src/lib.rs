@@ -24,7 +24,8 @@ mod vector_tests;
 pub use allowedips::{AllowedIps, Prefix};
 pub use handshake::LocalIdentity;
 pub use keypair::{Keypair, Opener, Sealer};
-pub use peer::{Ctx, IndexTable, InitiationReason, Output, PeerState};
+pub use peer::{Ctx, IndexTable, Output, PeerState};
+pub use timers::InitiationReason;
 
 /// Parses a 32-byte key written as 64 hex digits (the UAPI form).
 pub fn parse_hex_key(s: &str) -> Option<[u8; 32]> {

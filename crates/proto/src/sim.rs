@@ -9,7 +9,8 @@
 use crate::cookie::{Gate, GateVerdict};
 use crate::handshake::{consume_initiation_phase1, HandshakeError, LocalIdentity};
 use crate::messages::*;
-use crate::peer::{Ctx, IndexTable, InitiationReason, Output, PeerState};
+use crate::peer::{Ctx, IndexTable, Output, PeerState};
+use crate::timers::InitiationReason;
 use rand_core::{CryptoRng, RngCore};
 use std::collections::{HashSet, VecDeque};
 use std::net::SocketAddr;

@@ -3,7 +3,7 @@
 use crate::handshake::HandshakeError;
 use crate::keypair::{REJECT_AFTER_TIME, REKEY_AFTER_MESSAGES, REKEY_AFTER_TIME};
 use crate::messages::*;
-use crate::peer::{InitiationReason, PeerState};
+use crate::peer::PeerState;
 use crate::sim::*;
 use crate::timers::*;
 use std::time::Duration;

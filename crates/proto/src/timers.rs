@@ -1,6 +1,7 @@
 //! Per-peer protocol timers (whitepaper §6, as the kernel's timers.c arms them), as
 //! plain deadlines. The owner feeds events in and calls [`Timers::expired`] with the
-//! current time; nothing here reads a clock.
+//! current time; nothing here reads a clock. [`InitiationReason`] names the rule, timer
+//! or other, that started a handshake.
 
 use std::time::Duration;
 
@@ -68,5 +69,54 @@ impl Timers {
 
     pub fn clear(&mut self) {
         *self = Timers::default();
+    }
+}
+
+/// Why a handshake initiation left: which of the protocol's rules started it. A
+/// gateway that initiates more than its peers' rekeys explain can tell from these
+/// whether sessions expired before the peers rekeyed, or data went unanswered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InitiationReason {
+    /// Data to send and no session at all.
+    NoSession,
+    /// Data to send and a session that may no longer send: REJECT_AFTER_TIME or
+    /// REJECT_AFTER_MESSAGES reached.
+    SessionExpired,
+    /// Data sent on our own session once it is REKEY_AFTER_TIME old or has sent
+    /// REKEY_AFTER_MESSAGES.
+    RekeyOnSend,
+    /// Data heard on our own session once it is REJECT_AFTER_TIME − KEEPALIVE_TIMEOUT −
+    /// REKEY_TIMEOUT old.
+    RekeyOnReceive,
+    /// Data sent KEEPALIVE_TIMEOUT + REKEY_TIMEOUT ago drew nothing back.
+    Unanswered,
+    /// The previous initiation drew no response within REKEY_TIMEOUT.
+    Retry,
+    /// A cookie reply for the initiation in flight: it goes again at once, with mac2.
+    CookieReply,
+}
+
+impl InitiationReason {
+    pub const ALL: [InitiationReason; 7] = [
+        InitiationReason::NoSession,
+        InitiationReason::SessionExpired,
+        InitiationReason::RekeyOnSend,
+        InitiationReason::RekeyOnReceive,
+        InitiationReason::Unanswered,
+        InitiationReason::Retry,
+        InitiationReason::CookieReply,
+    ];
+
+    /// The reason in snake case, as counters and metric labels name it.
+    pub fn name(self) -> &'static str {
+        match self {
+            InitiationReason::NoSession => "no_session",
+            InitiationReason::SessionExpired => "session_expired",
+            InitiationReason::RekeyOnSend => "rekey_on_send",
+            InitiationReason::RekeyOnReceive => "rekey_on_receive",
+            InitiationReason::Unanswered => "unanswered",
+            InitiationReason::Retry => "retry",
+            InitiationReason::CookieReply => "cookie_reply",
+        }
     }
 }
