@@ -13,15 +13,23 @@
 //! passed without its sending anything (the passive keepalive, §6.5). Without it, a
 //! gateway that only sends to it would take the silence for a dead session and
 //! initiate handshakes of its own every few seconds.
+//!
+//! It also answers the gateway's initiations, as any peer does: the gateway initiates
+//! when data it sent drew nothing back for 15 s, for instance when a rekey storm filled
+//! its handshake queue and our initiation was dropped (sending it cancelled our
+//! passive keepalive). The session we answer waits as `next` until the gateway's first
+//! transport message under it, which makes it current. Unlike a real responder, the
+//! peer still rekeys that session on receive, as it does its own: the generator's
+//! rekey schedule stays the same whoever began the session.
 
 use rand_core::{OsRng, RngCore};
 use std::time::{Duration, Instant};
 use wirelane_proto::cookie::CookieGenerator;
 use wirelane_proto::crypto::TAG_LEN;
-use wirelane_proto::handshake::{Handshake, LocalIdentity};
+use wirelane_proto::handshake::{consume_initiation_phase1, Handshake, LocalIdentity};
 use wirelane_proto::keypair::REJECT_AFTER_TIME;
 use wirelane_proto::messages::{
-    classify, CookieReply, Kind, Response, TransportHeader, TRANSPORT_HEADER_LEN,
+    classify, CookieReply, Initiation, Kind, Response, TransportHeader, TRANSPORT_HEADER_LEN,
 };
 use wirelane_proto::timers::{KEEPALIVE_TIMEOUT, REKEY_TIMEOUT};
 use wirelane_proto::{Keypair, Sealer};
@@ -41,9 +49,12 @@ pub struct EmulatedPeer {
     identity: LocalIdentity,
     handshake: Handshake,
     cookie: CookieGenerator,
-    /// Our sender index of session 0: the peer's position plus one, unique among the
-    /// emulated peers; session k's is `SESSION_STRIDE * k` above it.
+    /// Our sender index of the first handshake: the peer's position plus one, unique
+    /// among the emulated peers; handshake k's is `SESSION_STRIDE * k` above it.
     first_index: u32,
+    /// Handshake messages we created (initiations and responses), each with its own
+    /// sender index.
+    handshakes: u32,
     /// Sessions established so far.
     pub sessions: u32,
     /// The current session.
@@ -51,6 +62,8 @@ pub struct EmulatedPeer {
     /// The session before it, still opened: the gateway seals with it until it hears
     /// on the new one.
     previous: Option<Keypair>,
+    /// A session we answered the gateway's initiation with, until its first message.
+    next: Option<Keypair>,
     /// An initiation is unanswered.
     pending: bool,
     /// The counter of our next keepalive on the current session.
@@ -66,6 +79,8 @@ pub struct EmulatedPeer {
     pub established_at: Option<Instant>,
     pub initiations: u32,
     pub cookie_replies: u32,
+    /// The gateway's initiations we answered.
+    pub responses: u32,
 }
 
 /// Which of a peer's sessions a transport message belongs to.
@@ -84,6 +99,11 @@ pub enum Heard {
     Cookie,
     /// Transport data of one of our sessions, with its counter.
     Transport { counter: u64, session: Session },
+    /// The gateway's first message on a session we answered: that session is current
+    /// now, and the message is its first.
+    Confirmed { counter: u64 },
+    /// The gateway initiated: send it this response.
+    Answer(Vec<u8>),
     /// Anything else (a late duplicate, a keepalive of an older session, garbage).
     Ignored,
 }
@@ -99,9 +119,11 @@ impl EmulatedPeer {
             handshake: Handshake::new(*gateway, [0; 32]),
             cookie: CookieGenerator::new(gateway),
             first_index: position as u32 + 1,
+            handshakes: 0,
             sessions: 0,
             keypair: None,
             previous: None,
+            next: None,
             pending: false,
             next_counter: 0,
             unanswered_since: None,
@@ -110,6 +132,7 @@ impl EmulatedPeer {
             established_at: None,
             initiations: 0,
             cookie_replies: 0,
+            responses: 0,
         }
     }
 
@@ -122,7 +145,7 @@ impl EmulatedPeer {
     pub fn initiation(&mut self, now: Instant, since: Duration, wall: Duration) -> Vec<u8> {
         let wall = wall.max(self.last_wall + TIMESTAMP_STEP);
         self.last_wall = wall;
-        let index = self.first_index + SESSION_STRIDE.wrapping_mul(self.sessions);
+        let index = self.fresh_index();
         let (msg, _) = self
             .handshake
             .create_initiation(&self.identity, index, wall, &mut OsRng)
@@ -134,6 +157,44 @@ impl EmulatedPeer {
         self.pending = true;
         self.unanswered_since = None;
         bytes
+    }
+
+    /// A sender index no earlier handshake of ours used.
+    fn fresh_index(&mut self) -> u32 {
+        let index = self.first_index + SESSION_STRIDE.wrapping_mul(self.handshakes);
+        self.handshakes += 1;
+        index
+    }
+
+    /// Answers the gateway's initiation; the session waits in `next`.
+    fn answer(&mut self, msg: &[u8], since: Duration) -> Heard {
+        let Ok(init) = Initiation::parse(msg) else {
+            return Heard::Ignored;
+        };
+        let Ok(phase1) = consume_initiation_phase1(&self.identity, &init) else {
+            return Heard::Ignored;
+        };
+        if phase1.remote_static != self.handshake.remote_static {
+            return Heard::Ignored;
+        }
+        let index = self.fresh_index();
+        let Ok((resp, keys, _)) = self.handshake.consume_initiation_and_respond(
+            &self.identity,
+            phase1,
+            index,
+            since,
+            &mut OsRng,
+        ) else {
+            return Heard::Ignored;
+        };
+        // Answering abandons an initiation of ours in flight, as in the kernel.
+        self.pending = false;
+        self.next = Some(Keypair::new(&keys, since));
+        self.unanswered_since = None;
+        self.responses += 1;
+        let mut bytes = resp.to_bytes().to_vec();
+        self.cookie.stamp(&mut bytes, since);
+        Heard::Answer(bytes)
     }
 
     /// A keepalive on the current session, with its next counter; None before the
@@ -203,19 +264,34 @@ impl EmulatedPeer {
                     Err(_) => Heard::Ignored,
                 }
             }
+            Ok(Kind::Initiation) => self.answer(msg, since),
             Ok(Kind::Transport) => {
                 let Ok(h) = TransportHeader::parse(msg) else {
                     return Heard::Ignored;
                 };
+                let confirmed = self
+                    .next
+                    .as_ref()
+                    .is_some_and(|k| k.local_index == h.receiver);
+                if confirmed {
+                    self.previous = self.keypair.take();
+                    self.keypair = self.next.take();
+                    self.sessions += 1;
+                    self.next_counter = 0;
+                    self.established_at = Some(now);
+                }
                 let Some(session) = self.session_of(h.receiver) else {
                     return Heard::Ignored;
                 };
                 if msg.len() > Self::sealed_len(0) {
                     self.unanswered_since.get_or_insert(now);
                 }
-                Heard::Transport {
-                    counter: h.counter,
-                    session,
+                match confirmed {
+                    true => Heard::Confirmed { counter: h.counter },
+                    false => Heard::Transport {
+                        counter: h.counter,
+                        session,
+                    },
                 }
             }
             _ => Heard::Ignored,
@@ -266,8 +342,6 @@ impl EmulatedPeer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use wirelane_proto::handshake::consume_initiation_phase1;
-    use wirelane_proto::messages::Initiation;
 
     fn gateway() -> LocalIdentity {
         let mut gw_private = [0u8; 32];
@@ -388,5 +462,70 @@ mod tests {
         peer.seal(4, &mut ours);
         assert_eq!(second.open(4, &mut ours.clone()), Ok(16));
         assert!(first.open(4, &mut ours).is_err());
+    }
+
+    /// The gateway initiates (its data went unanswered): the peer answers, keeps its
+    /// session current until the gateway's first message on the new one, then takes
+    /// the new one and still opens what the old one carried.
+    #[test]
+    fn answers_the_gateways_initiation_and_takes_its_session_at_the_first_message() {
+        let gateway = gateway();
+        let mut peer = EmulatedPeer::new(5, &gateway.public);
+        let t0 = Instant::now();
+        let init = peer.initiation(t0, Duration::ZERO, Duration::from_secs(1_000));
+        let (resp, first) = respond(&gateway, &peer, &init);
+        assert_eq!(peer.hear(&resp, t0, Duration::ZERO), Heard::Established);
+
+        // The gateway's initiation, built from `proto` as the daemon builds it.
+        let mut initiator = Handshake::new(peer.public(), [0; 32]);
+        let (init, _) = initiator
+            .create_initiation(&gateway, 77, Duration::from_secs(2_000), &mut OsRng)
+            .unwrap();
+        let mut init = init.to_bytes().to_vec();
+        CookieGenerator::new(&peer.public()).stamp(&mut init, Duration::ZERO);
+        let Heard::Answer(answer) = peer.hear(&init, t0, Duration::ZERO) else {
+            panic!("no answer to the gateway's initiation");
+        };
+        assert_eq!(peer.responses, 1);
+        let keys = initiator
+            .consume_response(&gateway, &Response::parse(&answer).unwrap())
+            .unwrap();
+        let second = Keypair::new(&keys, Duration::ZERO);
+        assert_ne!(second.remote_index, first.remote_index);
+
+        // Until the gateway uses the new session, the first one is current.
+        let mut old = from_gateway(&first, 3, 0x33);
+        assert_eq!(
+            peer.hear(&old, t0, Duration::ZERO),
+            Heard::Transport {
+                counter: 3,
+                session: Session::Current
+            }
+        );
+        let mut new = from_gateway(&second, 0, 0x44);
+        assert_eq!(
+            peer.hear(&new, t0, Duration::ZERO),
+            Heard::Confirmed { counter: 0 }
+        );
+        assert_eq!(peer.sessions, 2);
+        assert_eq!(peer.open(Session::Current, 0, &mut new), Some(32));
+        assert_eq!(new[TRANSPORT_HEADER_LEN], 0x44);
+        assert_eq!(
+            peer.hear(&old, t0, Duration::ZERO),
+            Heard::Transport {
+                counter: 3,
+                session: Session::Previous
+            }
+        );
+        assert_eq!(peer.open(Session::Previous, 3, &mut old), Some(32));
+        // An initiation not from the gateway's key is ignored.
+        let stranger = LocalIdentity::new([7; 32]);
+        let mut other = Handshake::new(peer.public(), [0; 32]);
+        let (init, _) = other
+            .create_initiation(&stranger, 78, Duration::from_secs(3_000), &mut OsRng)
+            .unwrap();
+        let mut init = init.to_bytes().to_vec();
+        CookieGenerator::new(&peer.public()).stamp(&mut init, Duration::ZERO);
+        assert_eq!(peer.hear(&init, t0, Duration::ZERO), Heard::Ignored);
     }
 }

@@ -128,6 +128,8 @@ pub struct ReceiveReport {
     pub sample_unique: u64,
     /// New sessions the peers got by rekeying.
     pub rekeys: u64,
+    /// Sessions the gateway began, answered by the peers, that the gateway then used.
+    pub answered: u64,
     pub first: Option<Instant>,
     pub last: Option<Instant>,
     pub cpu_s: f64,
@@ -537,6 +539,18 @@ impl Generator {
                         let current = std::mem::take(&mut trackers[peer][0]);
                         trackers[peer] = [SeqTracker::default(), current];
                         confirms.push(peer);
+                        return;
+                    }
+                    // The gateway's first message on a session we answered.
+                    Heard::Confirmed { counter } => {
+                        r.answered += 1;
+                        let current = std::mem::take(&mut trackers[peer][0]);
+                        trackers[peer] = [SeqTracker::default(), current];
+                        (counter, Session::Current)
+                    }
+                    // A full send buffer loses the response; the gateway retries.
+                    Heard::Answer(response) => {
+                        let _ = g.socks[peer].send_to(&response, &g.gateway);
                         return;
                     }
                     // A cookie reply answers our last initiation: again, with mac2.

@@ -107,6 +107,10 @@ pub struct StarRecord {
     /// Transmit: new sessions the emulated peers made by rekeying during the phase.
     #[serde(default)]
     pub rekeys: u64,
+    /// Transmit: sessions the gateway began during the phase, which the peers answered
+    /// and the gateway then used.
+    #[serde(default)]
+    pub answered: u64,
     /// wirelane's execution-order signatures and queue figures over the phase.
     #[serde(default)]
     pub signatures: Option<crate::signatures::Signatures>,
@@ -495,6 +499,7 @@ fn measure(which: Impl, spec: &StarSpec, rec: &mut StarRecord) -> Result<()> {
             rec.sample_bad = r.sample_bad;
             rec.sample_unique = r.sample_unique;
             rec.rekeys = r.rekeys;
+            rec.answered = r.answered;
             rec.generator_cores = r.cpu_s / rec.seconds.max(1e-9);
         }
         _ => return Err("star: the phase's parts disagree on its direction".into()),

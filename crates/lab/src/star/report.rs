@@ -289,7 +289,7 @@ pub fn run_cli(a: &StarArgs) -> Result<()> {
             let what = match &r.error {
                 Some(e) => format!("error: {e}"),
                 None => format!(
-                    "{:.2} Gbit/s, {} of {} delivered, handshakes {:.2} s{}{}{}",
+                    "{:.2} Gbit/s, {} of {} delivered, handshakes {:.2} s{}{}{}{}",
                     r.goodput_bps / 1e9,
                     r.delivered,
                     r.sent + r.unsent,
@@ -297,6 +297,10 @@ pub fn run_cli(a: &StarArgs) -> Result<()> {
                     match r.rekeys {
                         0 => String::new(),
                         k => format!(", {k} rekeys"),
+                    },
+                    match r.answered {
+                        0 => String::new(),
+                        k => format!(", {k} sessions the gateway began"),
                     },
                     r.rss_growth_kib()
                         .map_or(String::new(), |k| format!(", RSS growth {k} KiB")),
