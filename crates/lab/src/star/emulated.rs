@@ -252,14 +252,20 @@ impl EmulatedPeer {
                     Err(_) => Heard::Ignored,
                 }
             }
-            Ok(Kind::CookieReply) if self.pending => {
+            // A cookie reply to our initiation asks for it again, with mac2; one to our
+            // response only leaves the cookie for the next response, since the
+            // gateway retries its initiation (a responder never resends).
+            Ok(Kind::CookieReply) => {
                 let Ok(r) = CookieReply::parse(msg) else {
                     return Heard::Ignored;
                 };
                 match self.cookie.consume_reply(&r, since) {
                     Ok(()) => {
                         self.cookie_replies += 1;
-                        Heard::Cookie
+                        match self.pending {
+                            true => Heard::Cookie,
+                            false => Heard::Ignored,
+                        }
                     }
                     Err(_) => Heard::Ignored,
                 }
@@ -527,5 +533,42 @@ mod tests {
         let mut init = init.to_bytes().to_vec();
         CookieGenerator::new(&peer.public()).stamp(&mut init, Duration::ZERO);
         assert_eq!(peer.hear(&init, t0, Duration::ZERO), Heard::Ignored);
+    }
+
+    /// A gateway under load answers a response without mac2 with a cookie reply: the
+    /// peer keeps the cookie, so its response to the gateway's retry carries mac2.
+    #[test]
+    fn a_cookie_reply_to_its_response_puts_mac2_on_the_next() {
+        use wirelane_proto::cookie::{CookieChecker, MacVerdict};
+        let gateway = gateway();
+        let mut peer = EmulatedPeer::new(9, &gateway.public);
+        let t0 = Instant::now();
+        let mut checker = CookieChecker::new(&gateway.public);
+        let src: std::net::SocketAddr = "10.9.0.9:40009".parse().unwrap();
+        let mut initiator = Handshake::new(peer.public(), [0; 32]);
+        let mut answer_to = |wall: u64, peer: &mut EmulatedPeer| {
+            let (init, _) = initiator
+                .create_initiation(&gateway, 80, Duration::from_secs(wall), &mut OsRng)
+                .unwrap();
+            let mut init = init.to_bytes().to_vec();
+            CookieGenerator::new(&peer.public()).stamp(&mut init, Duration::ZERO);
+            // The gateway retries 5 s later: past the initiation flood limit.
+            let since = Duration::from_secs(wall - 1_000);
+            match peer.hear(&init, t0, since) {
+                Heard::Answer(answer) => answer,
+                other => panic!("{other:?}"),
+            }
+        };
+        let first = answer_to(1_000, &mut peer);
+        let verdict = checker.verify(&first, &src, Duration::ZERO, &mut OsRng);
+        assert_eq!(verdict, MacVerdict::Mac1Only);
+        let receiver = Response::parse(&first).unwrap().sender;
+        let reply = checker.create_reply(&first, receiver, &src, Duration::ZERO, &mut OsRng);
+        let reply = reply.to_bytes();
+        assert_eq!(peer.hear(&reply, t0, Duration::ZERO), Heard::Ignored);
+        assert_eq!(peer.cookie_replies, 1);
+        let second = answer_to(1_005, &mut peer);
+        let verdict = checker.verify(&second, &src, Duration::ZERO, &mut OsRng);
+        assert_eq!(verdict, MacVerdict::Mac2Valid);
     }
 }
