@@ -1,5 +1,6 @@
 //! Configuration scale: how long `wg setconf` takes to load N peers (each with its own
-//! /32 and /128) into an implementation, what each idle peer costs in resident memory,
+//! /32 and /128) into an implementation and `wg show dump` to list them, what each idle
+//! peer costs in resident memory,
 //! and, for a wirelane serving metrics (`+metrics`), the daemon CPU one scrape of all
 //! N peers costs. Implementations run interleaved, each in a fresh namespace.
 
@@ -12,6 +13,8 @@ use std::time::Instant;
 pub struct PeerLoad {
     pub implementation: Impl,
     pub seconds: Vec<f64>,
+    /// `wg show IF dump` of all N peers, seconds.
+    pub dump_seconds: Vec<f64>,
     pub bytes_per_peer: Vec<f64>,
     /// Daemon CPU milliseconds per scrape of `/metrics` (`+metrics` only).
     pub scrape_ms: Vec<f64>,
@@ -100,6 +103,7 @@ pub fn run(impls: &[Impl], n: usize, repeats: usize) -> Result<Vec<PeerLoad>> {
         .map(|i| PeerLoad {
             implementation: *i,
             seconds: Vec::new(),
+            dump_seconds: Vec::new(),
             bytes_per_peer: Vec::new(),
             scrape_ms: Vec::new(),
         })
@@ -124,6 +128,9 @@ pub fn run(impls: &[Impl], n: usize, repeats: usize) -> Result<Vec<PeerLoad>> {
                 .into());
             }
             let after = rss_kib(pid)?;
+            let t = Instant::now();
+            ns.run(&format!("wg show {} dump > /dev/null", d.ifname))?;
+            r.dump_seconds.push(t.elapsed().as_secs_f64());
             r.bytes_per_peer
                 .push(after.saturating_sub(before) as f64 * 1024.0 / n as f64);
             if let Impl::Wirelane(Flavor { scraped: true, .. }) = r.implementation {
@@ -137,15 +144,19 @@ pub fn run(impls: &[Impl], n: usize, repeats: usize) -> Result<Vec<PeerLoad>> {
 
 /// Markdown table of the medians.
 pub fn table(results: &[PeerLoad], n: usize) -> String {
-    let mut s = format!("| implementation | `wg setconf` of {n} peers, s (min–max) | resident memory per peer, bytes | daemon CPU per scrape of /metrics, ms |\n|---|---|---|---|\n");
+    let mut s = format!("| implementation | `wg setconf` of {n} peers, s (min–max) | `wg show dump`, s (min–max) | resident memory per peer, bytes | daemon CPU per scrape of /metrics, ms |\n|---|---|---|---|---|\n");
+    let spread = |v: &[f64]| {
+        let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = v.iter().copied().fold(0.0, f64::max);
+        format!("{:.3} ({lo:.3}–{hi:.3})", median(v).unwrap_or(0.0))
+    };
     for r in results {
-        let lo = r.seconds.iter().copied().fold(f64::INFINITY, f64::min);
-        let hi = r.seconds.iter().copied().fold(0.0, f64::max);
         let scrape = median(&r.scrape_ms).map_or("—".to_string(), |m| format!("{m:.1}"));
         s.push_str(&format!(
-            "| {} | {:.3} ({lo:.3}–{hi:.3}) | {:.0} | {scrape} |\n",
+            "| {} | {} | {} | {:.0} | {scrape} |\n",
             r.implementation.name(),
-            median(&r.seconds).unwrap_or(0.0),
+            spread(&r.seconds),
+            spread(&r.dump_seconds),
             median(&r.bytes_per_peer).unwrap_or(0.0)
         ));
     }
