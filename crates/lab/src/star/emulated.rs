@@ -376,6 +376,18 @@ mod tests {
         msg
     }
 
+    /// An initiation from `from` to `peer`, macs stamped as the daemon stamps them,
+    /// with the initiator's handshake state (to take the peer's response).
+    fn initiation_to(peer: &EmulatedPeer, from: &LocalIdentity, wall: u64) -> (Handshake, Vec<u8>) {
+        let mut initiator = Handshake::new(peer.public(), [0; 32]);
+        let (init, _) = initiator
+            .create_initiation(from, 80, Duration::from_secs(wall), &mut OsRng)
+            .unwrap();
+        let mut init = init.to_bytes().to_vec();
+        CookieGenerator::new(&peer.public()).stamp(&mut init, Duration::ZERO);
+        (initiator, init)
+    }
+
     /// A responder built from `proto` answers the emulated peer's initiation: the two
     /// sessions then seal and open each other's messages.
     #[test]
@@ -483,12 +495,7 @@ mod tests {
         assert_eq!(peer.hear(&resp, t0, Duration::ZERO), Heard::Established);
 
         // The gateway's initiation, built from `proto` as the daemon builds it.
-        let mut initiator = Handshake::new(peer.public(), [0; 32]);
-        let (init, _) = initiator
-            .create_initiation(&gateway, 77, Duration::from_secs(2_000), &mut OsRng)
-            .unwrap();
-        let mut init = init.to_bytes().to_vec();
-        CookieGenerator::new(&peer.public()).stamp(&mut init, Duration::ZERO);
+        let (mut initiator, init) = initiation_to(&peer, &gateway, 2_000);
         let Heard::Answer(answer) = peer.hear(&init, t0, Duration::ZERO) else {
             panic!("no answer to the gateway's initiation");
         };
@@ -526,12 +533,7 @@ mod tests {
         assert_eq!(peer.open(Session::Previous, 3, &mut old), Some(32));
         // An initiation not from the gateway's key is ignored.
         let stranger = LocalIdentity::new([7; 32]);
-        let mut other = Handshake::new(peer.public(), [0; 32]);
-        let (init, _) = other
-            .create_initiation(&stranger, 78, Duration::from_secs(3_000), &mut OsRng)
-            .unwrap();
-        let mut init = init.to_bytes().to_vec();
-        CookieGenerator::new(&peer.public()).stamp(&mut init, Duration::ZERO);
+        let (_, init) = initiation_to(&peer, &stranger, 3_000);
         assert_eq!(peer.hear(&init, t0, Duration::ZERO), Heard::Ignored);
     }
 
@@ -545,13 +547,8 @@ mod tests {
         let t0 = Instant::now();
         let mut checker = CookieChecker::new(&gateway.public);
         let src: std::net::SocketAddr = "10.9.0.9:40009".parse().unwrap();
-        let mut initiator = Handshake::new(peer.public(), [0; 32]);
-        let mut answer_to = |wall: u64, peer: &mut EmulatedPeer| {
-            let (init, _) = initiator
-                .create_initiation(&gateway, 80, Duration::from_secs(wall), &mut OsRng)
-                .unwrap();
-            let mut init = init.to_bytes().to_vec();
-            CookieGenerator::new(&peer.public()).stamp(&mut init, Duration::ZERO);
+        let answer_to = |wall: u64, peer: &mut EmulatedPeer| {
+            let (_, init) = initiation_to(peer, &gateway, wall);
             // The gateway retries 5 s later: past the initiation flood limit.
             let since = Duration::from_secs(wall - 1_000);
             match peer.hear(&init, t0, since) {
