@@ -209,21 +209,6 @@ counters! {
     stage_panics,
 }
 
-impl Counters {
-    /// The counter of initiations started for `reason`.
-    pub fn initiations(&self, reason: InitiationReason) -> &Counter {
-        match reason {
-            InitiationReason::NoSession => &self.initiations_no_session,
-            InitiationReason::SessionExpired => &self.initiations_session_expired,
-            InitiationReason::RekeyOnSend => &self.initiations_rekey_on_send,
-            InitiationReason::RekeyOnReceive => &self.initiations_rekey_on_receive,
-            InitiationReason::Unanswered => &self.initiations_unanswered,
-            InitiationReason::Retry => &self.initiations_retry,
-            InitiationReason::CookieReply => &self.initiations_cookie_reply,
-        }
-    }
-}
-
 /// The counters that count a packet or message dropped, by reason: the daemon's
 /// `wirelane_drops_total` takes its `reason` label from them (rate-limited handshake
 /// messages are `handshake_rate_limited`), and a stalled stress run lists them.
@@ -385,6 +370,20 @@ impl Stats {
 }
 
 impl Counters {
+    /// The counter of initiations started for `reason` (`stats=1` names it
+    /// `initiations_` and the reason's name; `/metrics` relies on that).
+    pub fn initiations(&self, reason: InitiationReason) -> &Counter {
+        match reason {
+            InitiationReason::NoSession => &self.initiations_no_session,
+            InitiationReason::SessionExpired => &self.initiations_session_expired,
+            InitiationReason::RekeyOnSend => &self.initiations_rekey_on_send,
+            InitiationReason::RekeyOnReceive => &self.initiations_rekey_on_receive,
+            InitiationReason::Unanswered => &self.initiations_unanswered,
+            InitiationReason::Retry => &self.initiations_retry,
+            InitiationReason::CookieReply => &self.initiations_cookie_reply,
+        }
+    }
+
     /// Adds time spent on one of the interface's items.
     pub fn add_busy(&self, d: std::time::Duration) {
         self.busy_ns
@@ -427,6 +426,24 @@ impl Counters {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Each reason counts under the name `stats=1` and `/metrics` give it, and only
+    /// there.
+    #[test]
+    fn each_initiation_reason_counts_under_its_name() {
+        for (i, reason) in InitiationReason::ALL.into_iter().enumerate() {
+            let s = Stats::default();
+            let n = i as u64 + 1;
+            s.initiations(reason).fetch_add(n, Ordering::Relaxed);
+            let name = format!("initiations_{}", reason.name());
+            let fields = s.fields();
+            assert!(fields.iter().any(|(f, _)| *f == name), "{name} missing");
+            for (f, v) in &fields {
+                let want = if *f == name { n } else { 0 };
+                assert_eq!(*v, want, "{f} after counting {reason:?}");
+            }
+        }
+    }
 
     #[test]
     fn histogram_buckets_are_powers_of_two() {
