@@ -38,8 +38,10 @@ use wirelane_proto::{Keypair, Sealer};
 pub const REKEY_ON_RECEIVE: Duration = REJECT_AFTER_TIME
     .saturating_sub(KEEPALIVE_TIMEOUT)
     .saturating_sub(REKEY_TIMEOUT);
-/// Sender indices of one peer's successive sessions are this far apart, so that a
-/// message names the session it belongs to (must exceed `generator::MAX_PEERS`).
+/// Sender indices of one peer's successive handshakes (its initiations and its
+/// answers) are this far apart: the low bits stay the peer's own, so no two peers'
+/// indices meet, and a message names the session it belongs to (must exceed
+/// `generator::MAX_PEERS`).
 const SESSION_STRIDE: u32 = 1 << 16;
 /// TAI64N keeps time to 2^24 ns: a retry sooner than this after the last initiation
 /// would carry the same timestamp, which the responder must refuse as a replay.
