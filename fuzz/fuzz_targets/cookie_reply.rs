@@ -8,6 +8,7 @@ use libfuzzer_sys::fuzz_target;
 use std::net::SocketAddr;
 use wirelane_proto::messages::CookieReply;
 use wirelane_proto::sim::Sim;
+use wirelane_proto::InitiationReason;
 
 #[derive(Arbitrary, Debug)]
 enum Reply {
@@ -29,7 +30,9 @@ fuzz_target!(|replies: Vec<Reply>| {
     let endpoint: Option<SocketAddr> = sim.nodes[0].peer.endpoint();
     // Node 0 initiates; node 1, under load, answers with a real cookie reply, which is
     // kept back so the fuzzer's replies race it.
-    sim.with_ctx(0, |p, ctx, out| p.initiate(ctx, false, out));
+    sim.with_ctx(0, |p, ctx, out| {
+        p.initiate(ctx, InitiationReason::NoSession, out)
+    });
     let Some((_, init)) = sim.net.pop_front() else {
         return;
     };

@@ -7,6 +7,7 @@ use libfuzzer_sys::fuzz_target;
 use wirelane_proto::cookie::CookieGenerator;
 use wirelane_proto::messages::{Initiation, Response};
 use wirelane_proto::sim::Sim;
+use wirelane_proto::InitiationReason;
 
 #[derive(Arbitrary, Debug)]
 enum Message {
@@ -43,7 +44,9 @@ fuzz_target!(|input: Input| {
     // Node 0 starts a handshake and node 1 answers, but nothing is delivered yet: the
     // real messages are kept for mutation and node 0 keeps a pending index.
     sim.drop_to = [true, true];
-    sim.with_ctx(0, |p, ctx, out| p.initiate(ctx, false, out));
+    sim.with_ctx(0, |p, ctx, out| {
+        p.initiate(ctx, InitiationReason::NoSession, out)
+    });
     let real_init = sim.nodes[0].sent_log[0].clone();
     sim.drop_to = [false, false];
     let pending = sim.nodes[0].peer.indices().first().copied().unwrap_or(0);
