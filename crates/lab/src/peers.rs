@@ -6,7 +6,7 @@
 
 use crate::impls::{scrape_once, start, Daemon, Flavor, Impl};
 use crate::netns::Netns;
-use crate::stats::median;
+use crate::stats::{median, summarize};
 use crate::Result;
 use std::time::Instant;
 
@@ -146,9 +146,9 @@ pub fn run(impls: &[Impl], n: usize, repeats: usize) -> Result<Vec<PeerLoad>> {
 pub fn table(results: &[PeerLoad], n: usize) -> String {
     let mut s = format!("| implementation | `wg setconf` of {n} peers, s (min–max) | `wg show dump`, s (min–max) | resident memory per peer, bytes | daemon CPU per scrape of /metrics, ms |\n|---|---|---|---|---|\n");
     let spread = |v: &[f64]| {
-        let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
-        let hi = v.iter().copied().fold(0.0, f64::max);
-        format!("{:.3} ({lo:.3}–{hi:.3})", median(v).unwrap_or(0.0))
+        summarize(v).map_or("—".to_string(), |s| {
+            format!("{:.3} ({:.3}–{:.3})", s.median, s.min, s.max)
+        })
     };
     for r in results {
         let scrape = median(&r.scrape_ms).map_or("—".to_string(), |m| format!("{m:.1}"));
