@@ -135,6 +135,12 @@ pub struct ReceiveReport {
     pub cpu_s: f64,
 }
 
+/// A peer's new session became current: its counters start afresh, and the current
+/// session's tracker becomes the previous one's.
+fn new_session(trackers: &mut [SeqTracker; 2]) {
+    trackers[1] = std::mem::take(&mut trackers[0]);
+}
+
 /// The length of the transport message that carries a `size`-byte inner packet.
 pub fn message_len(size: usize) -> usize {
     EmulatedPeer::sealed_len(inner::padded(size, MTU))
@@ -536,16 +542,14 @@ impl Generator {
                     Heard::Transport { counter, session } => (counter, session),
                     Heard::Established => {
                         r.rekeys += 1;
-                        let current = std::mem::take(&mut trackers[peer][0]);
-                        trackers[peer] = [SeqTracker::default(), current];
+                        new_session(&mut trackers[peer]);
                         confirms.push(peer);
                         return;
                     }
                     // The gateway's first message on a session we answered.
                     Heard::Confirmed { counter } => {
                         r.answered += 1;
-                        let current = std::mem::take(&mut trackers[peer][0]);
-                        trackers[peer] = [SeqTracker::default(), current];
+                        new_session(&mut trackers[peer]);
                         (counter, Session::Current)
                     }
                     // A full send buffer loses the response; the gateway retries.
