@@ -302,6 +302,7 @@ pub fn wirelane_platform(cores: usize) -> Platform {
         serial_threads_max: wirelane_dataplane::exec::threaded::MAX_SERIAL_THREADS,
         rss_skew: 0.0,
         line_gbit: 0.0,
+        line_buffer_packets: 0,
     }
 }
 

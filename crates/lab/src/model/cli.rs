@@ -200,8 +200,8 @@ fn run_one(a: &RunArgs) -> Result<()> {
         fixed(&o.core_packets_per_poll, 1)
     );
     println!(
-        "drops: host {} socket {} crypt ring {} peer queue {}; {} threads; {} events in {wall:.2} s",
-        o.drops.host, o.drops.socket, o.drops.crypt_ring, o.drops.peer_queue, o.threads, o.sched.events
+        "drops: line {} host {} socket {} crypt ring {} peer queue {}; {} threads; {} events in {wall:.2} s",
+        o.drops.line, o.drops.host, o.drops.socket, o.drops.crypt_ring, o.drops.peer_queue, o.threads, o.sched.events
     );
     Ok(())
 }

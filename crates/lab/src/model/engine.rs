@@ -126,6 +126,11 @@ pub enum Event {
         epoch: u64,
     },
     Wake(usize),
+    /// Packets of a peer leave the link for the host.
+    Arrive {
+        peer: u32,
+        packets: u32,
+    },
     /// A sleeping context's own timer (a reader polling for room).
     Timer(usize),
     Acked {
@@ -135,6 +140,8 @@ pub enum Event {
     Lost {
         peer: u32,
         packets: u32,
+        /// Found by the retransmission timer rather than by acknowledgements.
+        timeout: bool,
     },
     Background(usize),
 }
@@ -261,13 +268,22 @@ impl Sim {
                 }
                 Event::StepEnd { .. } => {}
                 Event::Wake(ctx) => self.enqueue(ctx),
+                Event::Arrive { peer, packets } => {
+                    let now = self.now;
+                    Pipeline::arrive(&mut self, peer, packets, now);
+                }
                 Event::Timer(ctx) => self.raise(ctx),
                 Event::Acked { peer, packets } => {
                     let n = self.windows[peer as usize].acked(packets);
                     self.inject(peer, n);
                 }
-                Event::Lost { peer, packets } => {
-                    let n = self.windows[peer as usize].lost(packets, self.now, self.rtt);
+                Event::Lost {
+                    peer,
+                    packets,
+                    timeout,
+                } => {
+                    let w = &mut self.windows[peer as usize];
+                    let n = w.lost(packets, timeout, self.now, self.rtt);
                     self.inject(peer, n);
                 }
                 Event::Background(core) => {
@@ -300,7 +316,13 @@ impl Sim {
     }
 
     fn inject(&mut self, peer: u32, n: u32) {
-        if n > 0 {
+        if n == 0 {
+            return;
+        }
+        let plat = &self.params.platform;
+        if plat.line_gbit > 0.0 && plat.line_buffer_packets > 0 {
+            Pipeline::queue_on_link(self, peer, n);
+        } else {
             let now = self.now;
             Pipeline::arrive(self, peer, n, now);
         }

@@ -9,6 +9,7 @@ use super::engine::{Event, Ns, Role, Sim, State};
 use super::params::Direction;
 use super::pipeline::{
     Drops, Entry, Item, Pipeline, Pollable, Work, RTO_MIN_NS, SHORTCUT_MAX_PACKETS,
+    TCP_TIMEOUT_MIN_NS,
 };
 use wirelane_dataplane::exec::Model;
 
@@ -45,19 +46,55 @@ impl Pipeline {
         }
     }
 
+    /// The switch port ahead of the gateway: packets leave it one after the other at
+    /// the line's rate, and reach the host as they do; a burst that finds the buffer
+    /// full loses what does not fit.
+    pub(super) fn queue_on_link(sim: &mut Sim, peer: u32, n: u32) {
+        let plat = &sim.params.platform;
+        let packet_ns = sim.scenario.size as f64 * 8.0 / plat.line_gbit;
+        let free = sim.pipe.link_free.max(sim.now);
+        let queued = ((free - sim.now) as f64 / packet_ns) as usize;
+        let room = plat.line_buffer_packets.saturating_sub(queued);
+        let taken = (n as usize).min(room) as u32;
+        if taken < n {
+            Self::lose(sim, peer, n - taken, |d| &mut d.line);
+        }
+        if taken > 0 {
+            sim.pipe.link_free = free + (f64::from(taken) * packet_ns).round() as Ns;
+            let at = sim.pipe.link_free;
+            sim.push(
+                at,
+                Event::Arrive {
+                    peer,
+                    packets: taken,
+                },
+            );
+        }
+    }
+
     pub(super) fn lose(sim: &mut Sim, peer: u32, n: u32, place: fn(&mut Drops) -> &mut u64) {
         if sim.now >= sim.warmup {
             *place(&mut sim.pipe.drops) += u64::from(n);
         }
         if let Some(w) = sim.windows.get(peer as usize) {
-            // Enough in flight for three duplicate acknowledgements: fast retransmit
-            // a round trip later; otherwise the retransmission timer.
-            let wait = if w.in_flight >= 4 {
-                sim.rtt
-            } else {
-                RTO_MIN_NS
+            // Linux finds losses by RACK-TLP (RFC 8985): a quarter round trip after a
+            // packet sent later is acknowledged; with nothing else in flight, by the
+            // tail loss probe two round trips plus `TCP_TIMEOUT_MIN` later; with one
+            // packet in flight, only by the retransmission timer.
+            let rtt = sim.rtt;
+            let (wait, timeout) = match w.in_flight {
+                f if f > n => (rtt + rtt / 4, false),
+                f if f >= 2 => (2 * rtt + TCP_TIMEOUT_MIN_NS, false),
+                _ => (RTO_MIN_NS, true),
             };
-            sim.push(sim.now + wait, Event::Lost { peer, packets: n });
+            sim.push(
+                sim.now + wait,
+                Event::Lost {
+                    peer,
+                    packets: n,
+                    timeout,
+                },
+            );
         }
     }
 

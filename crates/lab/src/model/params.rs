@@ -151,6 +151,12 @@ pub struct Platform {
     pub rss_skew: f64,
     /// The link's rate, Gbit/s: offered load above it never reaches the host. 0: none.
     pub line_gbit: f64,
+    /// The switch port's buffer ahead of the link, packets: where the peers' bursts
+    /// (and a TCP-like peer's retransmissions) wait while together they exceed
+    /// `line_gbit`; what does not fit is lost there. 0: no such queue, the link only
+    /// caps the offered load.
+    #[serde(default)]
+    pub line_buffer_packets: usize,
 }
 
 /// A whole parameter set.

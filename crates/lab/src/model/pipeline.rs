@@ -45,6 +45,9 @@ pub(super) struct PeerState {
     pub(super) head_seq: u64,
     pub(super) queued: usize,
     pub(super) scheduled: bool,
+    /// The kernel's `NAPIF_STATE_MISSED`: a completion found the stage already
+    /// scheduled, so the poll that ends next schedules it once more, on its own core.
+    pub(super) missed: bool,
     pub(super) host_queue: usize,
     pub(super) reader: usize,
     pub(super) thread: Option<usize>,
@@ -88,6 +91,10 @@ pub(super) const DRAIN_CHUNK: usize = 64;
 /// Linux's minimum retransmission timeout (TCP_RTO_MIN), 200 ms.
 pub(super) const RTO_MIN_NS: Ns = 200_000_000;
 
+/// Linux's `TCP_TIMEOUT_MIN`, 2 jiffies, at Debian's 250 Hz: the floor of the tail loss
+/// probe's timer.
+pub(super) const TCP_TIMEOUT_MIN_NS: Ns = 8_000_000;
+
 /// Largest item the `workqueue` model's readers run themselves
 /// (`exec::workqueue::SHORTCUT_MAX_PACKETS`).
 pub(super) const SHORTCUT_MAX_PACKETS: usize = 4;
@@ -105,6 +112,8 @@ pub struct SerialStep {
 /// Packets lost, by where.
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct Drops {
+    /// At the switch port ahead of the link (`line_buffer_packets`).
+    pub line: u64,
     pub host: u64,
     pub socket: u64,
     pub crypt_ring: u64,
@@ -162,6 +171,8 @@ pub struct Pipeline {
     pub(super) thread_peers: Vec<VecDeque<u32>>,
     pub(super) inflight: super::inflight::Inflight,
     pub(super) crypt_ring: usize,
+    /// When the link ahead of the host has sent everything queued on it.
+    pub(super) link_free: Ns,
     pub(super) softirq_ctx: Vec<usize>,
     pub(super) poller_ctx: Vec<usize>,
     pub reader_ctx: Vec<usize>,
@@ -199,6 +210,7 @@ impl Pipeline {
                 head_seq: 0,
                 queued: 0,
                 scheduled: false,
+                missed: false,
                 host_queue: rss(i),
                 reader: i % p.reader_threads.max(1),
                 thread: None,
@@ -220,6 +232,7 @@ impl Pipeline {
             thread_peers: Vec::new(),
             inflight: super::inflight::Inflight::new(p),
             crypt_ring: 0,
+            link_free: 0,
             softirq_ctx: Vec::new(),
             poller_ctx: Vec::new(),
             reader_ctx: Vec::new(),

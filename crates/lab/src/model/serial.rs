@@ -69,7 +69,11 @@ impl Pipeline {
                 s.head_pending += 1;
             }
         }
-        let more = pe.queue.front().is_some_and(|e| e.done);
+        // The kernel's NAPI (every model there) polls once more where it ran when a
+        // completion came while it was scheduled (`napi_complete_done`): a peer polled
+        // late on a busy core keeps coming back to it while its packets keep coming.
+        let missed = std::mem::take(&mut pe.missed);
+        let more = pe.queue.front().is_some_and(|e| e.done) || missed;
         if more && budget == usize::MAX {
             // The drain goes on in this context's next step.
             sim.ctxs[ctx].continuation = Some(peer);
@@ -97,6 +101,7 @@ impl Pipeline {
         let pipe = &mut sim.pipe;
         let pe = &mut pipe.peers[peer as usize];
         if pe.scheduled {
+            pe.missed = sim.params.platform.reader_threads == 0;
             return;
         }
         pe.scheduled = true;

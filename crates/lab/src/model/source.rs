@@ -163,10 +163,8 @@ impl Window {
     }
 
     /// `n` packets were lost and are sent again; returns how many the window sends now.
-    /// With fewer than four in flight the loss was found by the retransmission timer:
-    /// the window falls to one packet.
-    pub fn lost(&mut self, n: u32, now: Ns, rtt: Ns) -> u32 {
-        let timeout = self.in_flight < 4;
+    /// A loss the retransmission timer found (`timeout`) drops the window to one packet.
+    pub fn lost(&mut self, n: u32, timeout: bool, now: Ns, rtt: Ns) -> u32 {
         self.in_flight = self.in_flight.saturating_sub(n);
         let halve = self.last_halving.is_none_or(|t| now >= t + rtt);
         if timeout {
@@ -208,12 +206,12 @@ mod tests {
         let mut w = Window::default();
         assert_eq!(w.offer(100), 10);
         assert_eq!(w.acked(10), 20); // slow start: 10 → 20, all of it sent
-        let sent = w.lost(1, 1_000, 50_000);
+        let sent = w.lost(1, false, 1_000, 50_000);
         assert_eq!(w.cwnd, 10.0);
         assert_eq!(sent, 0); // 19 still in flight, window 10
-        w.lost(1, 2_000, 50_000); // within the round trip: no second halving
+        w.lost(1, false, 2_000, 50_000); // within the round trip: no second halving
         assert_eq!(w.cwnd, 10.0);
-        w.lost(1, 60_000, 50_000);
+        w.lost(1, false, 60_000, 50_000);
         assert_eq!(w.cwnd, 5.0);
     }
 }

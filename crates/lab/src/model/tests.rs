@@ -28,6 +28,7 @@ pub(super) fn bare(cores: usize, pool: Pool, readers: usize) -> Params {
             serial_threads_max: 1024,
             rss_skew: 0.0,
             line_gbit: 0.0,
+            line_buffer_packets: 0,
         },
         sched: SchedCosts {
             timeslice_ns: 3e6,
@@ -319,4 +320,43 @@ fn calibration_recovers_known_parameters_from_synthetic_runs() {
         }
     }
     assert!(misses.is_empty(), "{misses:#?}");
+}
+
+/// The kernel's NAPI re-poll (`NAPIF_STATE_MISSED`): a completion on another core while
+/// a peer's poll is scheduled makes the poll run once more, on the core it ran on, even
+/// when the first poll already took every packet; wirelane's serial stage does not.
+#[test]
+fn a_kernel_poll_that_missed_a_completion_runs_again_where_it_ran() {
+    use super::engine::Sim;
+    use super::pipeline::{Entry, Pipeline};
+    use super::source::{Rng, Schedule};
+    for (readers, polls, empty) in [(0, 2, 1), (1, 1, 0)] {
+        let mut p = bare(2, Pool::PerCore, readers);
+        p.rx.serial_packet_ns = 1000.0;
+        let sc = Scenario {
+            seconds: 0.001,
+            warmup_s: 0.0,
+            ..Scenario::star(Model::Softirq, 2, 1, Direction::Rx)
+        };
+        // One burst in a period far longer than the run: the peer sends nothing itself.
+        let quiet = Schedule::new(1, 1e15, false, &mut Rng::new(1));
+        let mut sim = Sim::new(p, sc, quiet);
+        let pe = &mut sim.pipe.peers[0];
+        pe.queue.push_back(Entry {
+            packets: 1,
+            done: true,
+            arrived: 0,
+        });
+        pe.queued = 1;
+        // Core 0 completes the packet and its poll starts there; core 1 then completes
+        // one the poll has taken already (as a later packet's schedule call would).
+        let waker = sim.pipe.worker_ctx[0];
+        Pipeline::schedule_serial(&mut sim, 0, 0, waker);
+        let waker = sim.pipe.worker_ctx[1];
+        Pipeline::schedule_serial(&mut sim, 0, 1, waker);
+        let o = sim.run();
+        let s = &o.signature;
+        assert_eq!((s.invocations, s.packets, s.empty_polls), (polls, 1, empty));
+        assert_eq!(o.core_packets_per_poll[1], 0.0, "core 1 never polled");
+    }
 }
