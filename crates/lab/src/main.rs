@@ -310,6 +310,16 @@ fn install_signal_handlers() {
     }
 }
 
+/// Commands that only compute and print end quietly when their reader goes away
+/// (`| head`), as other Unix tools do, instead of panicking in `println!`. Commands
+/// that own namespaces or daemons keep SIGPIPE ignored so that their cleanup runs.
+fn quiet_on_broken_pipe() {
+    // SAFETY: restoring a signal's default disposition has no preconditions.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
 fn progress(done: usize, total: usize, line: &str) {
     let width = 30;
     let filled = done * width / total.max(1);
@@ -573,9 +583,15 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     install_signal_handlers();
     let r = match &cli.cmd {
-        Cmd::Generate { kind } => generate(kind),
+        Cmd::Generate { kind } => {
+            quiet_on_broken_pipe();
+            generate(kind)
+        }
         Cmd::Star(a) => wirelane_lab::star::report::run_cli(a),
-        Cmd::Model { cmd } => wirelane_lab::model::cli::run_cli(cmd),
+        Cmd::Model { cmd } => {
+            quiet_on_broken_pipe();
+            wirelane_lab::model::cli::run_cli(cmd)
+        }
         Cmd::Run {
             matrix,
             out,
