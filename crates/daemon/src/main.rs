@@ -376,17 +376,20 @@ fn run(cli: &Cli, readiness: &mut daemonize::Readiness) -> Result<(), String> {
         },
         max_peers: peer_limit(cli.max_peers),
     };
-    let mut opened: Vec<(String, Tunnel)> = Vec::new();
-    for n in &cli.ifnames {
-        // On failure, what was opened drops: its sockets go, and its interfaces.
-        opened.push((n.clone(), open_tunnel(n, opts)?));
-    }
+    // Bound before any interface exists: a taken port fails the start before it
+    // creates anything, and once an interface's UAPI socket is there, the metrics
+    // port already accepts connections.
     let metrics_listener = cli
         .metrics
         .map(|a| {
             std::net::TcpListener::bind(a).map_err(|e| format!("cannot serve metrics on {a}: {e}"))
         })
         .transpose()?;
+    let mut opened: Vec<(String, Tunnel)> = Vec::new();
+    for n in &cli.ifnames {
+        // On failure, what was opened drops: its sockets go, and its interfaces.
+        opened.push((n.clone(), open_tunnel(n, opts)?));
+    }
     let monitor = Monitor::open()
         .inspect_err(|e| tracing::warn!(error = %e, "no rtnetlink notifications"))
         .ok();
