@@ -149,10 +149,23 @@ impl Window {
         n
     }
 
-    /// `n` packets were acknowledged; returns how many the window sends now.
+    /// `n` packets were acknowledged; returns how many the window sends now. As in
+    /// Linux (`tcp_is_cwnd_limited`), the window grows only while it limits the
+    /// sender: an application-limited flow's window stays near what it uses, so a loss
+    /// that halves it slows the flow.
     pub fn acked(&mut self, n: u32) -> u32 {
+        let used = f64::from(self.in_flight);
+        let limited = self.backlog > 0
+            || if self.cwnd < self.ssthresh {
+                2.0 * used > self.cwnd
+            } else {
+                used >= self.cwnd.floor()
+            };
         self.in_flight = self.in_flight.saturating_sub(n);
         for _ in 0..n {
+            if !limited {
+                break;
+            }
             if self.cwnd < self.ssthresh {
                 self.cwnd += 1.0;
             } else {
