@@ -227,4 +227,17 @@ mod tests {
         w.lost(1, false, 60_000, 50_000);
         assert_eq!(w.cwnd, 5.0);
     }
+
+    #[test]
+    fn an_application_limited_window_does_not_grow() {
+        let mut w = Window::default();
+        for _ in 0..100 {
+            assert_eq!(w.offer(2), 2); // two packets a round trip, window 10
+            w.acked(2);
+        }
+        assert_eq!(w.cwnd, INITIAL_WINDOW);
+        assert_eq!(w.offer(30), 10); // now the window limits: it grows again
+        w.acked(10);
+        assert_eq!(w.cwnd, 2.0 * INITIAL_WINDOW);
+    }
 }
