@@ -98,14 +98,14 @@ impl Pipeline {
 
     /// Schedules `peer`'s serial stage where the model puts it, unless it is already.
     pub(super) fn schedule_serial(sim: &mut Sim, peer: u32, core: usize, waker: usize) {
+        let kernel = sim.params.platform.reader_threads == 0;
         let pipe = &mut sim.pipe;
         let pe = &mut pipe.peers[peer as usize];
         if pe.scheduled {
-            pe.missed = sim.params.platform.reader_threads == 0;
+            pe.missed = kernel;
             return;
         }
         pe.scheduled = true;
-        let kernel = sim.params.platform.reader_threads == 0;
         let percore_pool = sim.params.platform.pool == Pool::PerCore;
         let fixed_tx = pipe.dir == Direction::Tx && (pipe.model == Model::Softirq || percore_pool);
         if fixed_tx {

@@ -162,14 +162,13 @@ impl Window {
                 used >= self.cwnd.floor()
             };
         self.in_flight = self.in_flight.saturating_sub(n);
-        for _ in 0..n {
-            if !limited {
-                break;
-            }
-            if self.cwnd < self.ssthresh {
-                self.cwnd += 1.0;
-            } else {
-                self.cwnd += 1.0 / self.cwnd;
+        if limited {
+            for _ in 0..n {
+                if self.cwnd < self.ssthresh {
+                    self.cwnd += 1.0;
+                } else {
+                    self.cwnd += 1.0 / self.cwnd;
+                }
             }
         }
         self.release()

@@ -45,7 +45,9 @@ pub fn seed000(params: &Params, seconds: f64) -> Result<Vec<(Model, usize, f64, 
         .collect()
 }
 
-fn busiest_and_rest(o: &Outcome) -> (f64, f64, f64, f64) {
+/// The busiest core's busy share, the others' mean, and the same two for packets per
+/// poll.
+pub(super) fn busiest_and_rest(o: &Outcome) -> (f64, f64, f64, f64) {
     let (i, busiest) = o
         .core_busy
         .iter()

@@ -368,25 +368,17 @@ fn a_kernel_poll_that_missed_a_completion_runs_again_where_it_ran() {
 /// priority, overloads every core alike instead.
 #[test]
 fn the_kernel_baseline_converges_on_one_core_and_workqueue_does_not() {
-    use super::studies::seed000_scenario;
+    use super::studies::{busiest_and_rest, seed000_scenario};
     let mut p: Params = toml::from_str(cli::KERNEL_PARAMS).unwrap();
     p.platform.line_buffer_packets = 0;
     p.platform.rss_skew = 2.0;
     let run = |m| simulate(&p, &seed000_scenario(&p, m, 1000, 0.5)).unwrap();
-    let split = |o: &Outcome| {
-        let i = (0..o.core_busy.len())
-            .max_by(|&a, &b| o.core_busy[a].total_cmp(&o.core_busy[b]))
-            .unwrap();
-        let others = |v: &[f64]| (v.iter().sum::<f64>() - v[i]) / (v.len() - 1) as f64;
-        let ppp = &o.core_packets_per_poll;
-        (o.core_busy[i], others(&o.core_busy), ppp[i], others(ppp))
-    };
     let base = run(Model::Softirq);
-    let (busiest, rest, ppp_busiest, ppp_rest) = split(&base);
+    let (busiest, rest, ppp_busiest, ppp_rest) = busiest_and_rest(&base);
     assert!(busiest > 0.95 && rest < 0.2, "{busiest} {rest}");
     assert!(ppp_busiest > 3.0 * ppp_rest, "{ppp_busiest} {ppp_rest}");
     let wq = run(Model::Workqueue);
-    let (busiest, rest, _, _) = split(&wq);
+    let (busiest, rest, _, _) = busiest_and_rest(&wq);
     assert!(busiest - rest < 0.1 && rest > 0.9, "{busiest} {rest}");
     assert!(wq.goodput_gbit > 2.0 * base.goodput_gbit);
 }
