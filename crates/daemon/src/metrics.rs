@@ -242,6 +242,13 @@ fn device(f: &mut Families, d: &Device, rt: &Runtime) {
             stat(marked),
         );
     }
+    f.counter(
+        "wirelane_tx_ring_starved_total",
+        "Times a peer's transmit ring ran empty while its adaptive byte limit held \
+         packets back in the flow queues (each grew the limit).",
+        &on,
+        stat("tx_ring_starved"),
+    );
     // Waits in two queues, as a sum and a count: rate(sum) / rate(count) is the mean.
     for (queue, dequeued, waited) in [
         ("flow", "tx_fq_dequeued", "tx_fq_sojourn_ns"),

@@ -97,6 +97,11 @@ pub trait Queued {
     /// Marks it Congestion Experienced if it is ECN-capable (ECT(0) or ECT(1)); false,
     /// and the packet unchanged, otherwise.
     fn mark_ce(&mut self) -> bool;
+    /// Whether a DRR turn may end after it: false inside a run of segments that should
+    /// leave together (one super-packet's), whose turn then goes on to the run's end.
+    fn ends_run(&self) -> bool {
+        true
+    }
 }
 
 /// What a dequeue did besides returning a packet: the controller's drops and marks.
@@ -116,6 +121,8 @@ struct Flow<T> {
     packets: VecDeque<(u64, T)>,
     bytes: usize,
     deficit: i32,
+    /// The last packet it gave ended no run (`Queued::ends_run`): its turn goes on.
+    mid_run: bool,
     listed: bool,
     codel: Codel,
 }
@@ -127,6 +134,7 @@ impl<T> Flow<T> {
             packets: VecDeque::new(),
             bytes: 0,
             deficit: 0,
+            mid_run: false,
             listed: false,
             codel: Codel::default(),
         }
@@ -277,6 +285,7 @@ impl<T: Queued> FlowQueues<T> {
         t.slot = [0; FLOWS];
         for (i, f) in t.flows.iter_mut().enumerate() {
             f.listed = false;
+            f.mid_run = false;
             f.packets = VecDeque::new();
             t.slot[f.bucket as usize] = i as u8 + 1;
         }
@@ -290,7 +299,12 @@ impl<T: Queued> Table<T> {
                 Some(&i) => (true, i as usize),
                 None => (false, *self.old_flows.front()? as usize),
             };
-            if self.flows[i].deficit <= 0 {
+            // A turn ends at a run's end, never inside one: a super-packet's segments
+            // interleaved with another flow's reach the receiver as two runs, two TUN
+            // writes where one would do (with 4 bulk flows, 19% more writes per byte
+            // and 0.84× the goodput of the FIFO). The overdraft is at most one
+            // super-packet, 64 KiB, and the next turn repays it.
+            if self.flows[i].deficit <= 0 && !self.flows[i].mid_run {
                 self.flows[i].deficit += QUANTUM;
                 self.pop_list(from_new);
                 self.old_flows.push_back(i as u8);
@@ -299,9 +313,11 @@ impl<T: Queued> Table<T> {
             match self.codel_dequeue(params, i, now, v) {
                 Some(p) => {
                     self.flows[i].deficit -= p.bytes() as i32;
+                    self.flows[i].mid_run = !p.ends_run();
                     return Some(p);
                 }
                 None => {
+                    self.flows[i].mid_run = false;
                     // Empty. A new bucket goes to the old list once (RFC 8290 §4.2) so
                     // that a flow emptying and refilling at once cannot stay "new".
                     self.pop_list(from_new);

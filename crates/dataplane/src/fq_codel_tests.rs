@@ -13,6 +13,8 @@ struct P {
     bytes: usize,
     ect: bool,
     ce: bool,
+    /// Ends its run (`Queued::ends_run`).
+    ends: bool,
 }
 
 impl Queued for P {
@@ -23,6 +25,9 @@ impl Queued for P {
         self.ce |= self.ect;
         self.ect
     }
+    fn ends_run(&self) -> bool {
+        self.ends
+    }
 }
 
 fn p(flow: u32, seq: u32, ect: bool) -> P {
@@ -32,6 +37,7 @@ fn p(flow: u32, seq: u32, ect: bool) -> P {
         bytes: 1400,
         ect,
         ce: false,
+        ends: true,
     }
 }
 
@@ -212,6 +218,49 @@ fn drr_shares_equally_between_backlogged_flows_and_keeps_each_in_order() {
             "{counts:?}"
         );
     }
+}
+
+/// Two bulk flows whose packets come in runs of 45 segments (a super-packet's, with
+/// quanta that end inside a run): every turn ends at a run's end, the shares stay
+/// equal, and a sparse flow still passes in the middle of a run.
+#[test]
+fn drr_turns_end_only_at_a_runs_end_and_stay_fair() {
+    const RUN: u32 = 45;
+    let mut q = FlowQueues::default();
+    let mut v = Verdicts::default();
+    for seq in 0..20 * RUN {
+        for flow in [1u32, 2] {
+            let mut x = p(flow, seq, false);
+            x.ends = seq % RUN == RUN - 1;
+            q.enqueue(flow, x, 0);
+        }
+    }
+    let mut out = Vec::new();
+    for _ in 0..30 * RUN + 10 {
+        out.push(
+            q.dequeue(&CodelParams::RFC, MS, &mut v)
+                .expect("backlogged"),
+        );
+    }
+    for w in out.windows(2) {
+        if w[0].flow != w[1].flow {
+            assert!(w[0].ends, "a turn ended inside a run at {:?}", w[0]);
+        }
+    }
+    let ones = out.iter().filter(|x| x.flow == 1).count() as i64;
+    assert!((ones - 15 * RUN as i64).abs() <= 2 * RUN as i64, "{ones}");
+    // Mid-run, a new flow's packet still goes first.
+    assert!(!out.last().unwrap().ends);
+    let running = out.last().unwrap().flow;
+    q.enqueue(3, p(3, 0, false), MS);
+    assert_eq!(
+        q.dequeue(&CodelParams::RFC, MS, &mut v).map(|x| x.flow),
+        Some(3)
+    );
+    assert_eq!(
+        q.dequeue(&CodelParams::RFC, MS, &mut v).map(|x| x.flow),
+        Some(running)
+    );
 }
 
 #[test]

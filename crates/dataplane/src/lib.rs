@@ -44,6 +44,9 @@ pub mod pool;
 #[cfg(not(loom))]
 pub mod ports;
 pub mod queue;
+/// The adaptive byte limit on each peer's transmit ring.
+#[cfg(not(loom))]
+pub mod ring_limit;
 #[cfg(not(loom))]
 pub mod runtime;
 #[cfg(not(loom))]

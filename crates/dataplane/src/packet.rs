@@ -47,6 +47,11 @@ pub struct Packet {
     /// receive, or a receive that used every buffer). A packet alone in the socket
     /// is no standing queue, however long it waited (CoDel's maxpacket rule).
     pub queued_behind: bool,
+    /// TX: the last (or only) segment of what the TUN handed over as one packet. A
+    /// flow's DRR turn (`fq_codel`) ends only after such a segment, so the segments of
+    /// one super-packet leave together and the receiver can write them to its TUN as
+    /// one again.
+    pub ends_run: bool,
     /// Set by the crypt stage: the packet authenticated (RX) or was sealed (TX).
     pub ok: bool,
 }
@@ -69,6 +74,7 @@ impl Packet {
             arrival_ns: 0,
             outer_ecn: 0,
             queued_behind: false,
+            ends_run: true,
             ok: false,
         }
     }
@@ -119,6 +125,10 @@ impl crate::fq_codel::Queued for Packet {
         let len = self.len;
         crate::inner::set_ce(&mut self.buf[HEADROOM..HEADROOM + len])
     }
+
+    fn ends_run(&self) -> bool {
+        self.ends_run
+    }
 }
 
 impl Drop for Packet {
@@ -142,6 +152,9 @@ pub struct BatchBody {
 pub struct Batch {
     pub keypair: Arc<Keypair>,
     done: AtomicBool,
+    /// Its packets' lengths when it was made: what it counts in its ordered queue's
+    /// bytes, unchanged by sealing or opening.
+    bytes: usize,
     body: Mutex<BatchBody>,
 }
 
@@ -150,6 +163,7 @@ impl Batch {
         Arc::new(Batch {
             keypair,
             done: AtomicBool::new(false),
+            bytes: packets.iter().map(|p| p.len).sum(),
             body: Mutex::new(BatchBody { packets }),
         })
     }
@@ -181,5 +195,8 @@ impl Ordered for Batch {
     }
     fn packets(&self) -> usize {
         self.len()
+    }
+    fn bytes(&self) -> usize {
+        self.bytes
     }
 }

@@ -9,6 +9,7 @@ use crate::fq_codel::SharedFlowQueues;
 use crate::packet::Batch;
 use crate::packet::Packet;
 use crate::queue::OrderedQueue;
+use crate::ring_limit::RingLimit;
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -33,6 +34,8 @@ pub struct Peer {
     /// Transmit packets before their nonce, with `--queue fq-codel` (see `stages::fq`).
     pub tx_fq: SharedFlowQueues<Packet>,
     pub tx_queue: OrderedQueue<Batch>,
+    /// How many bytes `tx_fq` may let into `tx_queue` (see `ring_limit`).
+    pub tx_ring_limit: RingLimit,
     pub rx_queue: OrderedQueue<Batch>,
     pub rx_bytes: AtomicU64,
     pub tx_bytes: AtomicU64,
@@ -73,6 +76,7 @@ impl Peer {
             staged_budget: budgets.staged.clone(),
             tx_fq: SharedFlowQueues::with_budget(budgets.tx.clone()),
             tx_queue: OrderedQueue::with_budget(budgets.tx.clone()),
+            tx_ring_limit: RingLimit::default(),
             rx_queue: OrderedQueue::with_budget(budgets.rx.clone()),
             rx_bytes: AtomicU64::new(0),
             tx_bytes: AtomicU64::new(0),

@@ -55,6 +55,9 @@ pub trait Ordered {
     fn is_done(&self) -> bool;
     /// Packets it counts against [`MAX_QUEUED_PACKETS`].
     fn packets(&self) -> usize;
+    /// Bytes it counts in [`OrderedQueue::queued_bytes`]; the same for as long as it
+    /// is queued.
+    fn bytes(&self) -> usize;
 }
 
 /// The queue proper and its `scheduled` flag, under one lock.
@@ -68,6 +71,8 @@ pub struct OrderedQueue<T: Ordered> {
     /// Producers waiting in `wait_for_room`, woken when batches leave.
     room: RoomWaiters,
     packets: AtomicUsize,
+    /// What the queued batches count in bytes; changed with `packets`, under the lock.
+    bytes: AtomicUsize,
     /// The bound this queue shares with the interface's other queues of its direction.
     budget: Option<Arc<QueueBudget>>,
 }
@@ -136,6 +141,7 @@ impl<T: Ordered> Default for OrderedQueue<T> {
             }),
             room: RoomWaiters::default(),
             packets: AtomicUsize::new(0),
+            bytes: AtomicUsize::new(0),
             budget: None,
         }
     }
@@ -177,6 +183,7 @@ impl<T: Ordered> OrderedQueue<T> {
             return false;
         }
         self.packets.fetch_add(npackets, Ordering::Relaxed);
+        self.bytes.fetch_add(batch.bytes(), Ordering::Relaxed);
         if let Some(b) = &self.budget {
             b.add(npackets);
         }
@@ -184,10 +191,11 @@ impl<T: Ordered> OrderedQueue<T> {
         true
     }
 
-    /// Takes `n` packets off the counts (with the lock held). This queue is the last
-    /// under its budget, so they count as drained.
-    fn count_out(&self, n: usize) {
+    /// Takes `n` packets of `bytes` off the counts (with the lock held). This queue is
+    /// the last under its budget, so they count as drained.
+    fn count_out(&self, n: usize, bytes: usize) {
         self.packets.fetch_sub(n, Ordering::Relaxed);
+        self.bytes.fetch_sub(bytes, Ordering::Relaxed);
         if let Some(b) = &self.budget {
             b.drain(n);
         }
@@ -253,7 +261,7 @@ impl<T: Ordered> OrderedQueue<T> {
                             return d;
                         }
                         let b = st.batches.pop_front().expect("the head exists");
-                        self.count_out(b.packets());
+                        self.count_out(b.packets(), b.bytes());
                         self.wake_waiters();
                         b
                     }
@@ -282,7 +290,8 @@ impl<T: Ordered> OrderedQueue<T> {
     pub fn clear(&self) {
         let mut st = self.lock();
         st.batches.clear();
-        self.count_out(self.packets.load(Ordering::Relaxed));
+        let bytes = self.bytes.load(Ordering::Relaxed);
+        self.count_out(self.packets.load(Ordering::Relaxed), bytes);
         self.wake_waiters();
         drop(st);
     }
@@ -294,6 +303,10 @@ impl<T: Ordered> OrderedQueue<T> {
 
     pub fn queued_packets(&self) -> usize {
         self.packets.load(Ordering::Relaxed)
+    }
+
+    pub fn queued_bytes(&self) -> usize {
+        self.bytes.load(Ordering::Relaxed)
     }
 }
 
@@ -331,6 +344,9 @@ mod tests {
         }
         fn packets(&self) -> usize {
             self.n
+        }
+        fn bytes(&self) -> usize {
+            100 * self.n
         }
     }
 
@@ -405,6 +421,7 @@ mod tests {
         let delivered = delivered.lock().unwrap();
         assert_eq!(*delivered, (0..ITEMS).collect::<Vec<_>>());
         assert_eq!(q.queued_packets(), 0);
+        assert_eq!(q.queued_bytes(), 0);
         assert!(
             q.schedule(),
             "the serial stage was left marked as scheduled"
@@ -551,6 +568,9 @@ mod loom_tests {
         }
         fn packets(&self) -> usize {
             1
+        }
+        fn bytes(&self) -> usize {
+            100
         }
     }
 

@@ -120,6 +120,9 @@ counters! {
     tx_fq_dequeued,
     tx_fq_sojourn_ns,
     tx_fq_sojourn_max_ns @max,
+    /// FQ-CoDel: serial TX runs that found their peer's ring empty while its limit held
+    /// packets back in the flow queues; each grew the limit (`ring_limit`).
+    tx_ring_starved,
     /// Packets sent with their TUN read time, the sum of their sojourn times from it
     /// to the send (flow queues, staging, the ordered queue and the crypt stage; the
     /// mean is the quotient), and the longest seen.

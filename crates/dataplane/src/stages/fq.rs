@@ -1,7 +1,8 @@
 //! Stage TX-3a, flow queue (`--queue fq-codel`, the default). Input: one peer's routed
 //! packets from the TUN reader. Output: the same packets in deficit-round-robin order
 //! over their flows, less CoDel's drops and with its CE marks (`fq_codel`), handed to
-//! the nonce stage while the peer's ordered queue holds fewer than [`RING_PACKETS`].
+//! the nonce stage while the peer's ordered queue (its ring) holds fewer than
+//! [`RING_PACKETS`] and less than its adaptive byte limit (`ring_limit`).
 //! Packets that find the peer's flow queues idle (nothing queued, no controller state)
 //! and room behind them go to the nonce stage at once, as the queues would pass them.
 //!
@@ -26,10 +27,18 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 /// Most packets the pump lets into a peer's ordered queue (counted until they are
-/// sent): four batches, two for the crypt workers and two sealed or being sent, so the
-/// pipeline never idles for want of work while a new flow's packet waits behind at most
-/// that many.
+/// sent): four batches, two for the crypt workers and two sealed or being sent. The
+/// byte limit (`ring_limit`) is what usually binds; this bounds small packets, whose
+/// bytes would let thousands in.
 pub const RING_PACKETS: usize = 4 * MAX_BATCH;
+
+/// What may still enter `peer`'s ring: (packets, bytes). A pump admits while both
+/// are above 0.
+fn ring_room(peer: &Peer) -> (usize, usize) {
+    let q = &peer.tx_queue;
+    let packets = RING_PACKETS.saturating_sub(q.queued_packets());
+    (packets, peer.tx_ring_limit.room(q.queued_bytes()))
+}
 
 /// Queues `packets` of `peer` by flow, stamped as entering at `now` (the interface's
 /// clock in ns, read once per TUN read: a backpressure wait before this call counts
@@ -50,11 +59,13 @@ pub fn enqueue(c: StageCtx<'_>, peer: &Arc<Peer>, packets: Vec<Packet>, now: u64
         // it. The lock is held throughout, as the pump holds it, so no packet of the
         // peer's can take a counter between the check and these packets' counters.
         let n = packets.len();
-        let ring_room = RING_PACKETS.saturating_sub(peer.tx_queue.queued_packets());
+        let (ring_packets, ring_bytes) = ring_room(peer);
+        let bytes: usize = packets.iter().map(|p| p.len).sum();
         // The budget was checked just above, as every producer checks it; enforced
         // again at the push, a race with another peer's producer would drop the whole
         // group (a lost batch the wake-up stress run caught).
-        if q.is_idle() && n <= ring_room && n <= room && !peer.is_removed() {
+        let fits = n <= ring_packets && bytes <= ring_bytes;
+        if q.is_idle() && fits && n <= room && !peer.is_removed() {
             assign_and_enqueue(c, peer, packets, Budget::Bypassed);
             drop(q);
             let passed = Verdicts {
@@ -100,8 +111,12 @@ pub fn pump(c: StageCtx<'_>, peer: &Arc<Peer>) {
         let mut v = Verdicts::default();
         while fq.pump_again.swap(false, Ordering::SeqCst) {
             loop {
-                let room = RING_PACKETS.saturating_sub(peer.tx_queue.queued_packets());
-                if room == 0 || q.is_empty() || peer.is_removed() {
+                if q.is_empty() || peer.is_removed() {
+                    break;
+                }
+                let (room, mut room_bytes) = ring_room(peer);
+                if room == 0 || room_bytes == 0 {
+                    peer.tx_ring_limit.note_held_back();
                     break;
                 }
                 let now = *now.get_or_insert_with(|| c.iface.now().as_nanos() as u64);
@@ -110,9 +125,12 @@ pub fn pump(c: StageCtx<'_>, peer: &Arc<Peer>) {
                 // most chunks hold a packet or two and wait in the ordered queue, and
                 // 64 slots each (7 KiB) came to tens of MiB under the budget.
                 let mut chunk = Vec::with_capacity(want.min(q.len()));
-                while chunk.len() < want {
+                while chunk.len() < want && room_bytes > 0 {
                     match q.dequeue(&c.iface.codel, now, &mut v) {
-                        Some(p) => chunk.push(p),
+                        Some(p) => {
+                            room_bytes = room_bytes.saturating_sub(p.len);
+                            chunk.push(p);
+                        }
                         None => break,
                     }
                 }

@@ -44,6 +44,7 @@ pub fn read_batch(
             Err(e) if out.is_empty() => return Err(e),
             Err(_) => break,
         };
+        let first = out.len();
         let mut push = |head: &[u8], payload: &[u8]| {
             out.push(Packet::from_plaintext(&[head, payload]));
         };
@@ -55,6 +56,10 @@ pub fn read_batch(
             .is_some_and(|hdr| split(&hdr, &mut scratch[VNET_HDR_LEN..n], &mut push).is_ok());
         if !split_ok {
             dev.stats.tx_dropped.fetch_add(1, Ordering::Relaxed);
+        }
+        // One super-packet's segments are one run; only its last ends it.
+        if let Some((_, run)) = out[first..].split_last_mut() {
+            run.iter_mut().for_each(|p| p.ends_run = false);
         }
     }
     // One clock read per batch: the reads of one batch take microseconds, the

@@ -12,7 +12,7 @@ use super::StageCtx;
 use crate::fq_codel::QueueDiscipline;
 use crate::peer::Peer;
 use crate::ports::UdpPort;
-use crate::queue::Drained;
+use crate::queue::{Drained, Ordered};
 use crate::stats::SojournTally;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
@@ -89,7 +89,9 @@ pub fn flush(c: StageCtx<'_>, peer: &Arc<Peer>, budget: usize) -> Drained {
     let mut sent_any = false;
     let mut sojourns = SojournTally::default();
     let now = dev.wall().as_nanos() as u64;
+    let mut completed_bytes = 0;
     let drained = peer.tx_queue.drain(budget, |batch| {
+        completed_bytes += batch.bytes();
         if peer.is_removed() {
             return;
         }
@@ -130,8 +132,14 @@ pub fn flush(c: StageCtx<'_>, peer: &Arc<Peer>, budget: usize) -> Drained {
     if sent_any {
         step(c, peer, |state, ctx, _| state.on_sent(ctx, sent_data));
     }
-    // The ordered queue has room now: let the flow queues refill it.
+    // The ordered queue has room now: adapt its limit to what this run found, then let
+    // the flow queues refill it.
     if dev.queue == QueueDiscipline::FqCodel && drained.packets > 0 {
+        let left = peer.tx_queue.queued_bytes();
+        let at = dev.now().as_nanos() as u64;
+        if peer.tx_ring_limit.completed(completed_bytes, left, at) {
+            dev.stats.tx_ring_starved.fetch_add(1, Ordering::Relaxed);
+        }
         super::fq::pump(c, peer);
     }
     drained
