@@ -1,7 +1,7 @@
 //! Interoperability with real peers (wireguard-go, boringtun) and with wirelane itself,
 //! in network namespaces: both initiator roles, IPv4 and IPv6 as outer and inner
 //! addresses, verified bulk TCP both ways, and consistent `wg show` counters; every
-//! case under each of wirelane's execution models.
+//! case under each of wirelane's execution models and under `--queue fifo`.
 
 use std::net::IpAddr;
 use std::time::Duration;
@@ -137,10 +137,10 @@ fn check_traffic(t: &Tunnel, wirelane_initiates: bool) {
     }
 }
 
-/// Every case against `peer`, under each model; `None` for wirelane under the same
-/// model on both ends.
+/// Every case against `peer`, under each model and queue discipline; `None` for
+/// wirelane with the same settings on both ends.
 fn interop(peer: Option<Impl>, wirelane_initiates: bool) {
-    for ours in wirelane_models() {
+    for ours in wirelane_settings() {
         for outer_v6 in [false, true] {
             interop_one(ours, peer.unwrap_or(ours), outer_v6, wirelane_initiates);
         }

@@ -16,6 +16,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 use wirelane_dataplane::exec::Model;
+use wirelane_dataplane::fq_codel::QueueDiscipline;
 
 static COUNTER: AtomicU32 = AtomicU32::new(0);
 
@@ -47,6 +48,17 @@ pub fn wirelane_models() -> [Impl; 3] {
             ..Flavor::default()
         })
     })
+}
+
+/// Every execution model with the default queue discipline, then the default model
+/// with `--queue fifo`: the settings interoperability must hold under.
+pub fn wirelane_settings() -> Vec<Impl> {
+    let mut all = wirelane_models().to_vec();
+    all.push(Impl::Wirelane(Flavor {
+        queue: Some(QueueDiscipline::Fifo),
+        ..Flavor::default()
+    }));
+    all
 }
 
 pub fn socket_path(ifname: &str) -> PathBuf {
