@@ -311,8 +311,15 @@ fn bad_requests_get_errors_and_the_tunnel_carries_on() {
             })
             .collect()
     });
-    std::thread::sleep(Duration::from_millis(300));
-    assert_eq!(status(&get(&ns, METRICS, "/metrics")), 503);
+    // The server takes them in its own time, which on a loaded machine was more than
+    // the 300 ms this once slept (a 200 then): probe until it refuses. Each probe that
+    // is served closes at once and holds no slot; the idle clients hold theirs for
+    // `READ_DEADLINE` after their accept, far longer than the pause between probes.
+    wait_until(
+        "the endpoint to refuse past its connection limit",
+        Duration::from_secs(30),
+        || status(&get(&ns, METRICS, "/metrics")) == 503,
+    );
     for mut s in idle {
         s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
         let mut buf = [0u8; 64];
