@@ -301,9 +301,9 @@ impl<T: Queued> Table<T> {
             };
             // A turn ends at a run's end, never inside one: a super-packet's segments
             // interleaved with another flow's reach the receiver as two runs, two TUN
-            // writes where one would do (with 4 bulk flows, 19% more writes per byte
-            // and 0.84× the goodput of the FIFO). The overdraft is at most one
-            // super-packet, 64 KiB, and the next turn repays it.
+            // writes where one would do (with 4 bulk flows, 22,000-29,000 writes per
+            // GB at the receiver against 17,000-18,000 behind the FIFO). The overdraft
+            // is at most one super-packet, 64 KiB, and the next turn repays it.
             if self.flows[i].deficit <= 0 && !self.flows[i].mid_run {
                 self.flows[i].deficit += QUANTUM;
                 self.pop_list(from_new);
