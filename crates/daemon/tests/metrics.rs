@@ -315,11 +315,32 @@ fn bad_requests_get_errors_and_the_tunnel_carries_on() {
     // the 300 ms this once slept (a 200 then): probe until it refuses. Each probe that
     // is served closes at once and holds no slot; the idle clients hold theirs for
     // `READ_DEADLINE` after their accept, far longer than the pause between probes.
-    wait_until(
-        "the endpoint to refuse past its connection limit",
-        Duration::from_secs(30),
-        || status(&get(&ns, METRICS, "/metrics")) == 503,
-    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let answer = get(&ns, METRICS, "/metrics");
+        if status(&answer) == 503 {
+            break;
+        }
+        if std::time::Instant::now() > deadline {
+            // What the server held instead: its connections and its threads.
+            let pid = daemons[0].pid.expect("a running daemon");
+            let threads: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/task"))
+                .map(|d| {
+                    d.flatten()
+                        .filter_map(|t| std::fs::read_to_string(t.path().join("comm")).ok())
+                        .filter(|c| c.starts_with("wl-metrics"))
+                        .collect()
+                })
+                .unwrap_or_default();
+            panic!(
+                "never refused past {} idle clients; last answer {:?}; metrics threads {threads:?}; sockets:\n{}",
+                wirelane_daemon::http::MAX_CONNECTIONS,
+                answer.lines().next(),
+                ns.run("ss -tanpo").unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
     for mut s in idle {
         s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
         let mut buf = [0u8; 64];
