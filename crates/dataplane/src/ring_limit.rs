@@ -6,9 +6,11 @@
 //! Why: the ring sits behind the flow queues (`stages::fq`), where fairness and CoDel
 //! act; every byte in it is ahead of a sparse flow's next packet, and nothing can
 //! overtake it there. It must hold enough to keep the crypt workers and the serial send
-//! busy and no more, and how much that is depends on the cores, the packet size and the
-//! rate: a fixed 256 packets was three batches more than a bulk flow on two cores
-//! needs, and a jumbo-frame peer holds six times the bytes of an MTU-1420 one in them.
+//! busy and no more, and how much that is depends on the packet size and on how soon
+//! the serial stage runs after a batch is sealed: in a fixed 256 packets a jumbo-frame
+//! peer holds six times the bytes of an MTU-1420 one, and a machine whose flush runs at
+//! once needs fewer than one whose flush waits for a core (on the lab's two shared
+//! cores the limit stays at its ceiling under bulk: BENCHMARKS, "Latency under load").
 //!
 //! The rule, once per completion (a run of the peer's serial TX stage that sent `sent`
 //! bytes and left `left` bytes in the ring):
