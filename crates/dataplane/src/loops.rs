@@ -160,8 +160,12 @@ fn tun_reader(iface: &Arc<Interface>, sched: &dyn Scheduler, queue: usize) {
         match stages::tun_read::read_batch(iface, queue, &mut scratch, &mut packets) {
             Ok(()) => {
                 begin_read(shortcuts);
-                let routed =
-                    || stages::nonce::enqueue_routed(c, stages::route::route(c, &mut packets));
+                // Plugged: the flushes this read runs here send together at its end.
+                let routed = || {
+                    stages::tx_flush::plugged(c, || {
+                        stages::nonce::enqueue_routed(c, stages::route::route(c, &mut packets))
+                    })
+                };
                 if stages::contained(iface, "tun read", routed).is_none() {
                     packets.clear();
                 }

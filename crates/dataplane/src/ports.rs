@@ -9,7 +9,7 @@ use std::io::{self, IoSlice};
 use std::net::SocketAddr;
 use std::os::fd::RawFd;
 use wirelane_io::tun::Tun;
-use wirelane_io::udp::{LocalAddr, Received, RecvBatch, UdpSocket};
+use wirelane_io::udp::{LocalAddr, Outgoing, Received, RecvBatch, UdpSocket};
 
 /// The plaintext side: a TUN device, or a double.
 pub trait TunPort: Send + Sync {
@@ -88,13 +88,8 @@ pub trait UdpPort: Send + Sync {
         batch: &mut RecvBatch,
         each: &mut dyn FnMut(Received<'_>),
     ) -> io::Result<usize>;
-    /// See [`UdpSocket::send_batch`].
-    fn send_batch(
-        &self,
-        msgs: &[(&[u8], SocketAddr)],
-        src: Option<LocalAddr>,
-        ecn: u8,
-    ) -> io::Result<usize>;
+    /// See [`UdpSocket::send_each`].
+    fn send_each(&self, msgs: &[Outgoing<'_>], sent: &mut [bool]) -> io::Result<usize>;
     /// See [`UdpSocket::try_send_replies`].
     fn try_send_replies(
         &self,
@@ -150,13 +145,8 @@ impl UdpPort for UdpSocket {
         }
         Ok(n)
     }
-    fn send_batch(
-        &self,
-        msgs: &[(&[u8], SocketAddr)],
-        src: Option<LocalAddr>,
-        ecn: u8,
-    ) -> io::Result<usize> {
-        UdpSocket::send_batch(self, msgs, src, ecn)
+    fn send_each(&self, msgs: &[Outgoing<'_>], sent: &mut [bool]) -> io::Result<usize> {
+        UdpSocket::send_each(self, msgs, sent)
     }
     fn try_send_replies(
         &self,

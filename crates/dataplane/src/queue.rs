@@ -249,7 +249,33 @@ impl<T: Ordered> OrderedQueue<T> {
     /// scheduled ([`Drained::more`]): the caller must run it again, as NAPI re-polls a
     /// poller that used its whole budget. Otherwise it is unscheduled, in the same
     /// lock that saw the head empty or not done (see the module comment).
-    pub fn drain(&self, budget: usize, mut f: impl FnMut(Arc<T>)) -> Drained {
+    pub fn drain(&self, budget: usize, f: impl FnMut(Arc<T>)) -> Drained {
+        self.drain_then(budget, false, f)
+    }
+
+    /// [`drain`](Self::drain), but a drain that finds nothing more to do keeps the
+    /// claim: the stage stays scheduled, so completions leave it to the caller, who
+    /// must end it with [`release`](Self::release). For a stage that hands on what it
+    /// drained to be finished later (sends gathered across peers, `tx_flush`): no other
+    /// drain of this queue can overtake what it holds.
+    pub fn drain_held(&self, budget: usize, f: impl FnMut(Arc<T>)) -> Drained {
+        self.drain_then(budget, true, f)
+    }
+
+    /// Ends a claim that [`drain_held`](Self::drain_held) kept: unscheduled, unless a
+    /// batch finished at the head meanwhile. True then: still scheduled, and the
+    /// caller must have the stage run again. The decision is taken under the same lock
+    /// as a drain's, so no completion's wake-up is lost.
+    pub fn release(&self) -> bool {
+        let mut st = self.lock();
+        let ready = st.batches.front().is_some_and(|head| head.is_done());
+        if !ready {
+            st.scheduled = false;
+        }
+        ready
+    }
+
+    fn drain_then(&self, budget: usize, hold: bool, mut f: impl FnMut(Arc<T>)) -> Drained {
         let mut d = Drained::default();
         loop {
             let b = {
@@ -267,7 +293,7 @@ impl<T: Ordered> OrderedQueue<T> {
                     }
                     head => {
                         d.head_pending = head.is_some();
-                        st.scheduled = false;
+                        st.scheduled = hold;
                         return d;
                     }
                 }
@@ -314,8 +340,9 @@ impl<T: Ordered> OrderedQueue<T> {
 /// drain's claim (`scheduled`) is given up as the panic unwinds, so that the next
 /// completion, or whoever caught the panic (`stages::run_serial`), can schedule the
 /// stage again; kept, the claim would hold the peer's queue still for good. Dropped
-/// only by unwinding: a drain that returns forgets it.
-struct GiveUpOnUnwind<'a, T: Ordered>(&'a OrderedQueue<T>);
+/// only by unwinding: a drain that returns forgets it. A stage that keeps its claim
+/// past the drain (`drain_held`) holds one of its own until it releases it.
+pub(crate) struct GiveUpOnUnwind<'a, T: Ordered>(pub(crate) &'a OrderedQueue<T>);
 
 impl<T: Ordered> Drop for GiveUpOnUnwind<'_, T> {
     fn drop(&mut self) {
@@ -507,6 +534,39 @@ mod tests {
         assert!(waited < Duration::from_secs(5), "woken by the timeout only");
     }
 
+    /// A held drain keeps the claim; its release gives it up only with nothing
+    /// finished at the head, and otherwise leaves the stage for the caller to run.
+    #[test]
+    fn a_held_drain_keeps_the_claim_until_released() {
+        let q = OrderedQueue::<Item>::default();
+        let push = |seq| {
+            let it = Arc::new(Item {
+                seq,
+                n: 1,
+                done: AtomicBool::new(false),
+            });
+            assert!(q.push(it.clone(), 1));
+            it
+        };
+        push(0).done.store(true, Ordering::SeqCst);
+        assert!(q.schedule());
+        let d = q.drain_held(usize::MAX, |_| {});
+        assert_eq!((d.packets, d.more), (1, false));
+        push(1).done.store(true, Ordering::SeqCst);
+        assert!(
+            !q.schedule(),
+            "held: the completion leaves the stage to the holder"
+        );
+        assert!(
+            q.release(),
+            "a finished head: the holder runs the stage again"
+        );
+        assert_eq!(q.drain_held(usize::MAX, |_| {}).packets, 1);
+        let _pending = push(2);
+        assert!(!q.release(), "nothing finished at the head: released");
+        assert!(q.schedule(), "unscheduled by the release");
+    }
+
     /// A budget stops the drain with the stage still scheduled while more is ready,
     /// and unschedules it once the head is not ready; the signatures say which.
     #[test]
@@ -616,6 +676,49 @@ mod loom_tests {
             let run_fifo = |q: &OrderedQueue<Item>, fifo: &Mutex<usize>, d: &Mutex<Vec<usize>>| {
                 while std::mem::take(&mut *fifo.lock().unwrap()) > 0 {
                     q.drain(usize::MAX, |b| d.lock().unwrap().push(b.seq));
+                }
+            };
+            let threads: Vec<_> = items
+                .into_iter()
+                .map(|it| {
+                    let (q, fifo, d) = (q.clone(), fifo.clone(), delivered.clone());
+                    loom::thread::spawn(move || {
+                        it.done.store(true, Ordering::SeqCst);
+                        if q.schedule() {
+                            *fifo.lock().unwrap() += 1;
+                        }
+                        run_fifo(&q, &fifo, &d);
+                    })
+                })
+                .collect();
+            for t in threads {
+                t.join().unwrap();
+            }
+            run_fifo(&q, &fifo, &delivered);
+            check(&q, &delivered);
+        });
+    }
+
+    /// workqueue with a held drain (the transmit plug, `tx_flush`): the serial run
+    /// hands on what it drained only just before it releases the claim, and drains
+    /// again while the release finds more finished.
+    #[test]
+    fn held_drain_hand_off() {
+        model(|| {
+            let q = Arc::new(OrderedQueue::<Item>::default());
+            let fifo = Arc::new(Mutex::new(0usize));
+            let delivered = Arc::new(Mutex::new(Vec::new()));
+            let items = produce(&q);
+            let run_fifo = |q: &OrderedQueue<Item>, fifo: &Mutex<usize>, d: &Mutex<Vec<usize>>| {
+                while std::mem::take(&mut *fifo.lock().unwrap()) > 0 {
+                    loop {
+                        let mut held = Vec::new();
+                        q.drain_held(usize::MAX, |b| held.push(b.seq));
+                        d.lock().unwrap().extend(held);
+                        if !q.release() {
+                            break;
+                        }
+                    }
                 }
             };
             let threads: Vec<_> = items

@@ -7,18 +7,27 @@
 //! end empty. A stall is nothing moving for 20 s while packets are outstanding: far
 //! beyond any pause a busy machine causes, where a lost wake-up stalls for ever.
 //! `wirelane-lab wakeup` runs the same for longer.
+//!
+//! The deep variants run 2 peers with 1,024 packets each way per round: 16 batches of
+//! a peer in flight at once, so that a second flush of a peer runs while the first
+//! still sends (a flush that gave up its claim before its datagrams left was caught
+//! only here).
 
 use std::time::Duration;
 use wirelane_dataplane::exec::Model;
 use wirelane_dataplane::memory::stress::{run, Stress};
 
 fn stress(model: Model) {
+    stress_with(model, 32, 100, 64);
+}
+
+fn stress_with(model: Model, peers: usize, rounds: usize, per_round: usize) {
     let o = run(Stress {
         model,
         workers: 2,
-        peers: 32,
-        rounds: 100,
-        per_round: 64,
+        peers,
+        rounds,
+        per_round,
         stall: Duration::from_secs(20),
         // A reader that waited 100 ms for room gives up and counts the drop: on a
         // machine busy with other tests that is time-sharing, not a lost wake-up.
@@ -56,4 +65,19 @@ fn threaded_never_loses_a_wake_up() {
 #[test]
 fn softirq_never_loses_a_wake_up() {
     stress(Model::Softirq);
+}
+
+#[test]
+fn workqueue_keeps_a_deep_peer_queue_in_order() {
+    stress_with(Model::Workqueue, 2, 50, 1024);
+}
+
+#[test]
+fn threaded_keeps_a_deep_peer_queue_in_order() {
+    stress_with(Model::Threaded, 2, 50, 1024);
+}
+
+#[test]
+fn softirq_keeps_a_deep_peer_queue_in_order() {
+    stress_with(Model::Softirq, 2, 50, 1024);
 }

@@ -18,7 +18,7 @@ use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
-use wirelane_io::udp::{LocalAddr, Received, RecvBatch};
+use wirelane_io::udp::{LocalAddr, Outgoing, Received, RecvBatch};
 
 /// Datagrams a memory socket holds before it drops (its receive buffer).
 pub const SOCKET_DATAGRAMS: usize = 1 << 16;
@@ -219,9 +219,14 @@ impl MemoryUdp {
         self.addr
     }
 
-    /// Delivers, then runs the hook: a delay there holds the sender just after its
-    /// datagrams left, while the receiver may already answer them.
+    /// Runs the hook, delivers, and runs it again: a delay before holds the sender
+    /// between taking its datagrams and their leaving (where another sender of the
+    /// same peer could overtake them), one after holds it just after they left, while
+    /// the receiver may already answer them.
     fn send(&self, dgrams: Vec<(Vec<u8>, SocketAddr)>) {
+        if let Some(h) = &self.hook {
+            h();
+        }
         if let Some(net) = self.net.upgrade() {
             net.deliver(self.addr, dgrams);
         }
@@ -262,13 +267,9 @@ impl UdpPort for MemoryUdp {
         }
         Ok(got.len())
     }
-    fn send_batch(
-        &self,
-        msgs: &[(&[u8], SocketAddr)],
-        _src: Option<LocalAddr>,
-        _ecn: u8,
-    ) -> io::Result<usize> {
-        self.send(msgs.iter().map(|(d, a)| (d.to_vec(), *a)).collect());
+    fn send_each(&self, msgs: &[Outgoing<'_>], sent: &mut [bool]) -> io::Result<usize> {
+        self.send(msgs.iter().map(|m| (m.payload.to_vec(), m.dst)).collect());
+        sent[..msgs.len()].fill(true);
         Ok(msgs.len())
     }
     fn try_send_replies(

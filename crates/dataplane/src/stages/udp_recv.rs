@@ -76,7 +76,7 @@ mod tests {
     use crate::memory::MemoryNet;
     use crate::ports::UdpPort;
     use std::sync::Arc;
-    use wirelane_io::udp::NOT_ECT;
+    use wirelane_io::udp::{Outgoing, NOT_ECT};
 
     #[test]
     fn each_packet_knows_whether_others_waited_behind_it() {
@@ -84,8 +84,16 @@ mod tests {
         let a = net.socket("10.0.0.1:1".parse().unwrap(), None).unwrap();
         let b = net.socket("10.0.0.2:2".parse().unwrap(), None).unwrap();
         let dgrams: Vec<Vec<u8>> = (0..MAX_BATCH + 3).map(|i| vec![i as u8; 32]).collect();
-        let msgs: Vec<(&[u8], _)> = dgrams.iter().map(|d| (&d[..], b.addr())).collect();
-        a.send_batch(&msgs, None, NOT_ECT).unwrap();
+        let msgs: Vec<_> = dgrams
+            .iter()
+            .map(|d| Outgoing {
+                payload: d,
+                dst: b.addr(),
+                src: None,
+                ecn: NOT_ECT,
+            })
+            .collect();
+        a.send_each(&msgs, &mut vec![false; msgs.len()]).unwrap();
 
         let mut scratch = RecvScratch::new(false);
         let behind = |packets: &mut Vec<Packet>| -> Vec<bool> {

@@ -30,6 +30,16 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 /// Socket buffer size we ask for; large buffers absorb bursts between batches.
 const SOCKET_BUFFER: libc::c_int = 7 << 20;
 
+/// One datagram to send, with everything its outer header needs: where to, from
+/// which local address (None: the route's choice) and the ECN field.
+#[derive(Debug, Clone, Copy)]
+pub struct Outgoing<'a> {
+    pub payload: &'a [u8],
+    pub dst: SocketAddr,
+    pub src: Option<LocalAddr>,
+    pub ecn: u8,
+}
+
 pub struct UdpSocket {
     fd: OwnedFd,
     v6: bool,
@@ -274,8 +284,25 @@ impl UdpSocket {
         src: Option<LocalAddr>,
         ecn: u8,
     ) -> io::Result<usize> {
-        let msgs: Vec<_> = msgs.iter().map(|(p, d)| (*p, *d, src)).collect();
-        self.send_mmsg(&msgs, true, ecn)
+        let msgs: Vec<_> = msgs
+            .iter()
+            .map(|&(payload, dst)| Outgoing {
+                payload,
+                dst,
+                src,
+                ecn,
+            })
+            .collect();
+        self.send_mmsg(&msgs, true, None)
+    }
+
+    /// Sends each of `msgs`, every one with its own destination, source and ECN field,
+    /// in as few system calls as the kernel allows, waiting out a full send buffer as
+    /// [`send_batch`](Self::send_batch) does. `sent[i]` (as long as `msgs`) tells whether
+    /// the kernel took `msgs[i]`: an unreachable destination fails only its own
+    /// datagram, so the caller can count each destination's sends apart.
+    pub fn send_each(&self, msgs: &[Outgoing<'_>], sent: &mut [bool]) -> io::Result<usize> {
+        self.send_mmsg(msgs, true, Some(sent))
     }
 
     /// Sends each `(payload, destination, source)`, never waiting: what does not fit in
@@ -285,39 +312,51 @@ impl UdpSocket {
         &self,
         msgs: &[(&[u8], SocketAddr, Option<LocalAddr>)],
     ) -> io::Result<usize> {
-        self.send_mmsg(msgs, false, NOT_ECT)
+        let msgs: Vec<_> = msgs
+            .iter()
+            .map(|&(payload, dst, src)| Outgoing {
+                payload,
+                dst,
+                src,
+                ecn: NOT_ECT,
+            })
+            .collect();
+        self.send_mmsg(&msgs, false, None)
     }
 
     fn send_mmsg(
         &self,
-        msgs: &[(&[u8], SocketAddr, Option<LocalAddr>)],
+        msgs: &[Outgoing<'_>],
         wait_for_room: bool,
-        ecn: u8,
+        mut sent: Option<&mut [bool]>,
     ) -> io::Result<usize> {
         // `next` is the first datagram not yet handed to the kernel; `accepted` counts
         // only those the kernel took, not those skipped after a failure of their own.
         let (mut next, mut accepted) = (0, 0);
+        if let Some(s) = sent.as_deref_mut() {
+            s[..msgs.len()].fill(false);
+        }
         let mut names: Vec<_> = msgs
             .iter()
-            .map(|(_, dst, _)| to_sockaddr(&self.map_destination(dst)))
+            .map(|m| to_sockaddr(&self.map_destination(&m.dst)))
             .collect();
         let mut controls: Vec<SendControl> = vec![SendControl::default(); msgs.len()];
         // SAFETY: zeroed iovec/mmsghdr are valid initial values.
         let mut iovs: Vec<libc::iovec> = vec![unsafe { zeroed() }; msgs.len()];
         let mut hdrs: Vec<libc::mmsghdr> = vec![unsafe { zeroed() }; msgs.len()];
-        // The control data every datagram keeps when its source is refused: the ECN.
-        let mut keep = 0;
-        for (i, (payload, _, src)) in msgs.iter().enumerate() {
+        // The control data each datagram keeps when its source is refused: the ECN.
+        let mut keep = vec![0; msgs.len()];
+        for (i, m) in msgs.iter().enumerate() {
             iovs[i] = libc::iovec {
-                iov_base: payload.as_ptr() as *mut _,
-                iov_len: payload.len(),
+                iov_base: m.payload.as_ptr() as *mut _,
+                iov_len: m.payload.len(),
             };
             let h = &mut hdrs[i].msg_hdr;
             h.msg_name = (&mut names[i].0 as *mut libc::sockaddr_storage).cast();
             h.msg_namelen = names[i].1;
             h.msg_iov = &mut iovs[i];
             h.msg_iovlen = 1;
-            keep = put_outer(h, &mut controls[i], 0, self.v6, ecn, *src);
+            keep[i] = put_outer(h, &mut controls[i], 0, self.v6, m.ecn, m.src);
         }
         let flags = if wait_for_room { 0 } else { libc::MSG_DONTWAIT };
         while next < msgs.len() {
@@ -332,6 +371,9 @@ impl UdpSocket {
             };
             match cvt(r) {
                 Ok(k) => {
+                    if let Some(s) = sent.as_deref_mut() {
+                        s[next..next + k as usize].fill(true);
+                    }
                     next += k as usize;
                     accepted += k as usize;
                 }
@@ -341,7 +383,8 @@ impl UdpSocket {
                 // The source address is no longer ours (it was just removed): send it
                 // from the route's choice instead. The owner of the source learns of the
                 // removal from rtnetlink and stops asking for it.
-                Err(e) if source_refused(&e) && drop_source(&mut hdrs[next].msg_hdr, keep) => {}
+                Err(e)
+                    if source_refused(&e) && drop_source(&mut hdrs[next].msg_hdr, keep[next]) => {}
                 // An unreachable destination fails only its own datagram: skip it.
                 Err(_) if next + 1 < msgs.len() => next += 1,
                 Err(e) => return if accepted > 0 { Ok(accepted) } else { Err(e) },

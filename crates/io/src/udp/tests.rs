@@ -322,3 +322,41 @@ fn sends_carry_the_ecn_field_asked_for() {
         }
     }
 }
+
+/// `send_each` gives each datagram its own destination and ECN field in one call, and
+/// says which it sent: a destination the kernel refuses (port 0) fails only its own.
+#[test]
+fn send_each_sends_each_datagram_as_asked_and_says_which_left() {
+    let a = UdpSocket::bind(false, 0).unwrap();
+    let (b, c) = (
+        UdpSocket::bind(false, 0).unwrap(),
+        UdpSocket::bind(false, 0).unwrap(),
+    );
+    let to = |s: &UdpSocket| SocketAddr::from(([127, 0, 0, 1], s.local_port().unwrap()));
+    let msg = |payload: &'static [u8], dst, ecn| Outgoing {
+        payload,
+        dst,
+        src: None,
+        ecn,
+    };
+    let msgs = [
+        msg(b"to b", to(&b), 0b01),
+        msg(b"refused", SocketAddr::from(([127, 0, 0, 1], 0)), 0),
+        msg(b"to c", to(&c), 0b10),
+    ];
+    let mut sent = [false; 3];
+    assert_eq!(a.send_each(&msgs, &mut sent).unwrap(), 2);
+    assert_eq!(sent, [true, false, true]);
+    for (sock, payload, ecn) in [(&b, b"to b", 0b01), (&c, b"to c", 0b10)] {
+        let mut batch = RecvBatch::new(2, 2048);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        let got = loop {
+            assert!(std::time::Instant::now() < deadline, "lost");
+            if let Ok(1) = sock.recv_batch(&mut batch) {
+                let r = batch.datagram(0).unwrap();
+                break (r.data.to_vec(), r.ecn);
+            }
+        };
+        assert_eq!(got, (payload.to_vec(), ecn));
+    }
+}
