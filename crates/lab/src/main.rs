@@ -158,6 +158,25 @@ enum Cmd {
     /// protocol library with their traffic sealed before the timed phase; sweeps N ×
     /// direction × implementation with interleaved repeats.
     Star(wirelane_lab::star::report::StarArgs),
+    /// The kernel's own cost of a gateway's sends, with no tunnel: one thread sends
+    /// sealed-size datagrams over a veth to N sockets, in GSO sends to one (N=1) or one
+    /// per destination in `sendmmsg` calls; prints its CPU-seconds per GB, the floor
+    /// under any gateway's transmit cost at N peers. Repeats are interleaved.
+    SendFloor {
+        /// Destination counts (comma-separated), each 1..=40000.
+        #[arg(long, value_delimiter = ',', default_value = "1,1000")]
+        peers: Vec<usize>,
+        /// Inner packet size, bytes (the datagram is its sealed size).
+        #[arg(long, default_value_t = 1420)]
+        size: usize,
+        #[arg(long, default_value_t = 3.0)]
+        seconds: f64,
+        #[arg(long, default_value_t = 5)]
+        repeats: usize,
+        /// Datagrams per `sendmmsg` with many destinations (1: one `sendmsg` each).
+        #[arg(long, default_value_t = 64)]
+        batch: usize,
+    },
     /// A discrete-event model of the pipeline on many cores and peers (MODEL.md): run
     /// it, calibrate it from star runs, validate it, reproduce seed 000, predict.
     Model {
@@ -588,6 +607,13 @@ fn main() -> ExitCode {
             generate(kind)
         }
         Cmd::Star(a) => wirelane_lab::star::report::run_cli(a),
+        Cmd::SendFloor {
+            peers,
+            size,
+            seconds,
+            repeats,
+            batch,
+        } => send_floor(peers, *size, *seconds, *repeats, *batch),
         Cmd::Model { cmd } => {
             quiet_on_broken_pipe();
             wirelane_lab::model::cli::run_cli(cmd)
@@ -695,4 +721,59 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+fn send_floor(
+    peers: &[usize],
+    size: usize,
+    seconds: f64,
+    repeats: usize,
+    batch: usize,
+) -> Result<()> {
+    use wirelane_lab::star::send_floor::{measure, Floor};
+    if !(1..=100).contains(&repeats) {
+        return Err(format!("repeats must be 1..=100, not {repeats}").into());
+    }
+    let mut runs: Vec<Vec<Floor>> = vec![Vec::new(); peers.len()];
+    for r in 0..repeats {
+        for (i, &n) in peers.iter().enumerate() {
+            let f = measure(n, size, seconds, batch)?;
+            eprintln!(
+                "[{}/{}] N={n}: {:.2} Gbit/s, {:.2} CPU-s/GB, {} of {} received",
+                r * peers.len() + i + 1,
+                repeats * peers.len(),
+                f.gbit_per_s,
+                f.cpu_s_per_gb,
+                f.received,
+                f.sent
+            );
+            println!("{}", serde_json::to_string(&f)?);
+            runs[i].push(f);
+        }
+    }
+    let median = |v: &[Floor], f: fn(&Floor) -> f64| {
+        let mut x: Vec<f64> = v.iter().map(f).collect();
+        x.sort_by(f64::total_cmp);
+        x[x.len() / 2]
+    };
+    let cpu = wirelane_lab::record::collect_env(&[]).cpu_model;
+    eprintln!("\nSend floor, medians of {repeats}; CPU: {cpu}\n");
+    eprintln!(
+        "| destinations | datagrams per call | datagram bytes | Gbit/s | sender CPU-s per GB |"
+    );
+    eprintln!("|---|---|---|---|---|");
+    for (n, v) in peers.iter().zip(&runs) {
+        eprintln!(
+            "| {n} | {} | {} | {:.2} | {:.2} |",
+            if *n == 1 {
+                "GSO".to_string()
+            } else {
+                batch.to_string()
+            },
+            v[0].datagram,
+            median(v, |f| f.gbit_per_s),
+            median(v, |f| f.cpu_s_per_gb)
+        );
+    }
+    Ok(())
 }

@@ -203,3 +203,20 @@ fn star_blackhole_transmit_is_refused() {
     let err = rec.error.expect("a clear error");
     assert!(err.contains("blackhole"), "{err}");
 }
+
+/// The send floor (as root) sends in both of its ways, GSO to one destination and
+/// `sendmmsg` over many, and counts what it sent: every datagram of its sealed size,
+/// none received that was not sent. Bad arguments get an error before any namespace.
+#[test]
+fn send_floor_sends_both_ways_and_refuses_bad_arguments() {
+    use wirelane_lab::star::send_floor::measure;
+    for (peers, batch) in [(1, 64), (10, 8), (10, 1)] {
+        let f = measure(peers, 1420, 0.2, batch).unwrap();
+        assert!(f.sent > 0, "{peers} peers, batch {batch}: nothing sent");
+        assert!(f.received <= f.sent);
+        assert_eq!(f.datagram, 1420 + 32, "a sealed 1420-byte packet");
+    }
+    assert!(measure(0, 1420, 0.2, 8).is_err());
+    assert!(measure(10, 1420, 0.2, 0).is_err());
+    assert!(measure(10, 70_000, 0.2, 8).is_err());
+}

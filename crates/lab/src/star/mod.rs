@@ -16,6 +16,7 @@ pub mod gateway;
 pub mod generator;
 pub mod inner;
 pub mod report;
+pub mod send_floor;
 pub mod sink;
 pub mod spec;
 pub mod storm;
