@@ -664,20 +664,38 @@ mod loom_tests {
         assert!(q.schedule(), "the serial stage was left scheduled");
     }
 
+    /// One serial run as the workqueue runs it: a plain drain, or (`held`) a drain
+    /// that hands on what it took only just before it releases the claim, as the
+    /// transmit plug (`tx_flush`) does, and drains again while the release finds more.
+    fn serial_run(q: &OrderedQueue<Item>, d: &Mutex<Vec<usize>>, held: bool) {
+        if !held {
+            q.drain(usize::MAX, |b| d.lock().unwrap().push(b.seq));
+            return;
+        }
+        loop {
+            let mut taken = Vec::new();
+            q.drain_held(usize::MAX, |b| taken.push(b.seq));
+            d.lock().unwrap().extend(taken);
+            if !q.release() {
+                return;
+            }
+        }
+    }
+
     /// workqueue: the thread that wins `schedule` queues the serial item on the shared
     /// FIFO, which any worker (here: whichever runs next, or the end of the run) drains.
-    #[test]
-    fn workqueue_hand_off() {
-        model(|| {
+    fn workqueue_hand_off_with(held: bool) {
+        model(move || {
             let q = Arc::new(OrderedQueue::<Item>::default());
             let fifo = Arc::new(Mutex::new(0usize)); // serial items queued
             let delivered = Arc::new(Mutex::new(Vec::new()));
             let items = produce(&q);
-            let run_fifo = |q: &OrderedQueue<Item>, fifo: &Mutex<usize>, d: &Mutex<Vec<usize>>| {
-                while std::mem::take(&mut *fifo.lock().unwrap()) > 0 {
-                    q.drain(usize::MAX, |b| d.lock().unwrap().push(b.seq));
-                }
-            };
+            let run_fifo =
+                move |q: &OrderedQueue<Item>, fifo: &Mutex<usize>, d: &Mutex<Vec<usize>>| {
+                    while std::mem::take(&mut *fifo.lock().unwrap()) > 0 {
+                        serial_run(q, d, held);
+                    }
+                };
             let threads: Vec<_> = items
                 .into_iter()
                 .map(|it| {
@@ -699,47 +717,14 @@ mod loom_tests {
         });
     }
 
-    /// workqueue with a held drain (the transmit plug, `tx_flush`): the serial run
-    /// hands on what it drained only just before it releases the claim, and drains
-    /// again while the release finds more finished.
+    #[test]
+    fn workqueue_hand_off() {
+        workqueue_hand_off_with(false);
+    }
+
     #[test]
     fn held_drain_hand_off() {
-        model(|| {
-            let q = Arc::new(OrderedQueue::<Item>::default());
-            let fifo = Arc::new(Mutex::new(0usize));
-            let delivered = Arc::new(Mutex::new(Vec::new()));
-            let items = produce(&q);
-            let run_fifo = |q: &OrderedQueue<Item>, fifo: &Mutex<usize>, d: &Mutex<Vec<usize>>| {
-                while std::mem::take(&mut *fifo.lock().unwrap()) > 0 {
-                    loop {
-                        let mut held = Vec::new();
-                        q.drain_held(usize::MAX, |b| held.push(b.seq));
-                        d.lock().unwrap().extend(held);
-                        if !q.release() {
-                            break;
-                        }
-                    }
-                }
-            };
-            let threads: Vec<_> = items
-                .into_iter()
-                .map(|it| {
-                    let (q, fifo, d) = (q.clone(), fifo.clone(), delivered.clone());
-                    loom::thread::spawn(move || {
-                        it.done.store(true, Ordering::SeqCst);
-                        if q.schedule() {
-                            *fifo.lock().unwrap() += 1;
-                        }
-                        run_fifo(&q, &fifo, &d);
-                    })
-                })
-                .collect();
-            for t in threads {
-                t.join().unwrap();
-            }
-            run_fifo(&q, &fifo, &delivered);
-            check(&q, &delivered);
-        });
+        workqueue_hand_off_with(true);
     }
 
     /// threaded: the winner wakes the peer's own thread, which drains whenever woken.
