@@ -752,11 +752,10 @@ fn send_floor(
         }
     }
     let median = |v: &[Floor], f: fn(&Floor) -> f64| {
-        let mut x: Vec<f64> = v.iter().map(f).collect();
-        x.sort_by(f64::total_cmp);
-        x[x.len() / 2]
+        let x: Vec<f64> = v.iter().map(f).collect();
+        wirelane_lab::stats::median(&x).unwrap_or(f64::NAN)
     };
-    let cpu = wirelane_lab::record::collect_env(&[]).cpu_model;
+    let cpu = wirelane_lab::record::cpu_model();
     eprintln!("\nSend floor, medians of {repeats}; CPU: {cpu}\n");
     eprintln!(
         "| destinations | datagrams per call | datagram bytes | Gbit/s | sender CPU-s per GB |"

@@ -146,16 +146,21 @@ pub fn rfc3339(secs: u64) -> String {
     )
 }
 
-/// Reads the machine and build facts recorded with every run.
-pub fn collect_env(implementations: &[crate::impls::Impl]) -> Env {
-    let cpu_model = std::fs::read_to_string("/proc/cpuinfo")
+/// The CPU's model name (`/proc/cpuinfo`), empty if unknown: every table names it.
+pub fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
         .ok()
         .and_then(|t| {
             t.lines()
                 .find(|l| l.starts_with("model name"))
                 .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
         })
-        .unwrap_or_default();
+        .unwrap_or_default()
+}
+
+/// Reads the machine and build facts recorded with every run.
+pub fn collect_env(implementations: &[crate::impls::Impl]) -> Env {
+    let cpu_model = cpu_model();
     let commit = crate::netns::sh("git rev-parse --short=12 HEAD 2>/dev/null")
         .map(|s| s.trim().to_string())
         .ok()
