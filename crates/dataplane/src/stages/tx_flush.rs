@@ -268,26 +268,19 @@ thread_local! {
     static PLUG: RefCell<Option<Plug>> = const { RefCell::new(None) };
 }
 
-/// Flushes whose claims are held: dropped, it releases each claim, and hands the stage
-/// on where more finished meanwhile. A flush stopped by its budget (`Drained::more`)
-/// never kept its claim for the plug: the run after it did. Never dropped while
-/// unwinding ([`plugged`] catches panics first): handing a stage on may run it here.
-struct Held<'a> {
-    c: StageCtx<'a>,
-    flushes: Vec<Flush>,
-}
-
-impl Drop for Held<'_> {
-    fn drop(&mut self) {
-        for f in self.flushes.drain(..).filter(|f| !f.drained.more) {
-            if f.peer.tx_queue.release() {
-                let serial = Serial {
-                    iface: self.c.iface,
-                    peer: &f.peer,
-                    dir: Direction::Tx,
-                };
-                self.c.sched.schedule_serial(serial);
-            }
+/// Releases the claims the plug's flushes held, and hands the stage on where more
+/// finished meanwhile. A flush stopped by its budget (`Drained::more`) never kept its
+/// claim for the plug: the run after it did. Called outside any unwinding ([`plugged`]
+/// catches panics first): handing a stage on may run it here.
+fn release_claims(c: StageCtx<'_>, flushes: &[Flush]) {
+    for f in flushes.iter().filter(|f| !f.drained.more) {
+        if f.peer.tx_queue.release() {
+            let serial = Serial {
+                iface: c.iface,
+                peer: &f.peer,
+                dir: Direction::Tx,
+            };
+            c.sched.schedule_serial(serial);
         }
     }
 }
@@ -315,18 +308,15 @@ pub fn plugged<R>(c: StageCtx<'_>, f: impl FnOnce() -> R) -> R {
     let r = catch_unwind(AssertUnwindSafe(f));
     let mut panicked = None;
     loop {
-        let flushes = PLUG.with_borrow_mut(|p| p.as_mut().map(|p| std::mem::take(&mut p.held)));
-        let held = Held {
-            c,
-            flushes: flushes.unwrap_or_default(),
-        };
-        if held.flushes.is_empty() {
+        let held = PLUG.with_borrow_mut(|p| p.as_mut().map(|p| std::mem::take(&mut p.held)));
+        let held = held.unwrap_or_default();
+        if held.is_empty() {
             break;
         }
         let send = || {
             super::timed(c.iface, || {
-                let sent = send_flushes(c, &held.flushes);
-                for (f, s) in held.flushes.iter().zip(sent) {
+                let sent = send_flushes(c, &held);
+                for (f, s) in held.iter().zip(sent) {
                     finish(c, f, s);
                 }
             })
@@ -334,6 +324,7 @@ pub fn plugged<R>(c: StageCtx<'_>, f: impl FnOnce() -> R) -> R {
         if let Err(p) = catch_unwind(AssertUnwindSafe(send)) {
             panicked.get_or_insert(p);
         }
+        release_claims(c, &held);
     }
     PLUG.set(None);
     match (r, panicked) {
