@@ -20,13 +20,17 @@ pub struct RecvScratch {
     packets: Vec<Packet>,
 }
 
+/// Buffers one receive fills with GRO on: each holds a run of up to 64 KiB that the
+/// kernel coalesced, so a quarter of [`MAX_BATCH`] already carries hundreds of packets.
+pub const GRO_RECV_BUFFERS: usize = MAX_BATCH / 4;
+
 impl RecvScratch {
     pub fn new(gro: bool) -> RecvScratch {
         // A coalesced buffer can be as large as a UDP datagram; a single one as large as
         // a full-MTU transport message (larger ones are truncated and then fail
         // authentication, which is the right outcome for them).
         let size = if gro { 65536 } else { 9216 };
-        let count = if gro { MAX_BATCH / 4 } else { MAX_BATCH };
+        let count = if gro { GRO_RECV_BUFFERS } else { MAX_BATCH };
         RecvScratch {
             batch: RecvBatch::new(count, size),
             filled: false,

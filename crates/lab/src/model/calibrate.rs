@@ -17,7 +17,7 @@
 //! - the share of the cores that other work takes (the generator, the sink, the
 //!   kernel's delivery, which is charged to their threads here).
 
-use super::params::{Direction, Params, Platform, Pool, SchedCosts, StageCosts};
+use super::params::{Direction, Params, Platform, Pool, QueueFull, SchedCosts, StageCosts};
 use super::{Outcome, Scenario};
 use crate::impls::Impl;
 use crate::record::RunRecord;
@@ -148,10 +148,15 @@ fn median(v: Vec<f64>) -> f64 {
     crate::stats::median(&v).unwrap_or(0.0)
 }
 
-/// Least squares of y = a + b·x1 + c·x2 over the columns `use_x` selects (an unused
-/// column's coefficient is 0), by Gaussian elimination on the normal equations. None
-/// when a selected column does not vary or the system is singular.
-pub fn least_squares(rows: &[(f64, f64, f64)], use_x: [bool; 2]) -> Option<[f64; 3]> {
+/// Weighted least squares of y = a + b·x1 + c·x2 over the columns `use_x` selects (an
+/// unused column's coefficient is 0), by Gaussian elimination on the normal equations;
+/// row i counts `weights[i]` times. None when a selected column does not vary or the
+/// system is singular.
+pub fn least_squares(
+    rows: &[(f64, f64, f64)],
+    weights: &[f64],
+    use_x: [bool; 2],
+) -> Option<[f64; 3]> {
     let cols: Vec<usize> = std::iter::once(0)
         .chain((1..3).filter(|&k| use_x[k - 1]))
         .collect();
@@ -167,12 +172,12 @@ pub fn least_squares(rows: &[(f64, f64, f64)], use_x: [bool; 2]) -> Option<[f64;
     }
     let n = cols.len();
     let mut m = vec![vec![0.0f64; n + 1]; n];
-    for r in rows {
+    for (r, w) in rows.iter().zip(weights) {
         for (i, &ki) in cols.iter().enumerate() {
             for (j, &kj) in cols.iter().enumerate() {
-                m[i][j] += x(r, ki) * x(r, kj);
+                m[i][j] += w * x(r, ki) * x(r, kj);
             }
-            m[i][n] += x(r, ki) * r.0;
+            m[i][n] += w * x(r, ki) * r.0;
         }
     }
     for i in 0..n {
@@ -200,9 +205,10 @@ pub fn least_squares(rows: &[(f64, f64, f64)], use_x: [bool; 2]) -> Option<[f64;
 
 /// The least-squares fit with the most columns whose coefficients are all ≥ 0 (a
 /// negative cost is a sign that the runs cannot tell two terms apart).
-pub fn fit_nonneg(rows: &[(f64, f64, f64)]) -> [f64; 3] {
+pub fn fit_nonneg(rows: &[(f64, f64, f64)], weights: &[f64]) -> [f64; 3] {
     for use_x in [[true, true], [true, false], [false, true]] {
-        if let Some(c) = least_squares(rows, use_x).filter(|c| c.iter().all(|v| *v >= 0.0)) {
+        let fit = least_squares(rows, weights, use_x);
+        if let Some(c) = fit.filter(|c| c.iter().all(|v| *v >= 0.0)) {
             return c;
         }
     }
@@ -230,27 +236,34 @@ pub fn fit_direction(obs: &[(&Observation, Overhead)]) -> Result<StageCosts> {
     }
     let byte_ns = median(obs.iter().map(|(o, _)| o.aead_floor_s_per_gb).collect());
     let per = |o: &Observation, v: f64| v / o.packets as f64;
+    // Each run weighs by the inverse square of its whole CPU per packet, so the fit
+    // minimises relative errors, as the validation judges them: in absolute terms the
+    // runs that cost most per packet (a thousand serial threads) would set the costs
+    // of every other.
+    let weight = |o: &Observation| per(o, (o.reader_s + o.stages_s) * 1e9).max(1.0).powi(-2);
     // The reader's own cost, from runs where it ran no items itself (the idle
     // shortcut runs only small items: transmit under `workqueue`).
     let plain: Vec<_> = obs
         .iter()
         .filter(|(o, _)| !(o.model == Model::Workqueue && o.direction == Direction::Tx))
         .collect();
-    let reader_rows: Vec<(f64, f64, f64)> = (if plain.len() >= 3 {
+    let reader_obs = if plain.len() >= 3 {
         plain
     } else {
         obs.iter().collect()
-    })
-    .iter()
-    .map(|(o, ov)| {
-        (
-            per(o, o.reader_s * 1e9) - ov.reader,
-            per(o, o.batches as f64),
-            0.0,
-        )
-    })
-    .collect();
-    let [reader_packet_ns, reader_item_ns, _] = fit_nonneg(&reader_rows);
+    };
+    let reader_rows: Vec<(f64, f64, f64)> = reader_obs
+        .iter()
+        .map(|(o, ov)| {
+            (
+                per(o, o.reader_s * 1e9) - ov.reader,
+                per(o, o.batches as f64),
+                0.0,
+            )
+        })
+        .collect();
+    let reader_weights: Vec<f64> = reader_obs.iter().map(|(o, _)| weight(o)).collect();
+    let [reader_packet_ns, reader_item_ns, _] = fit_nonneg(&reader_rows, &reader_weights);
     let rows: Vec<(f64, f64, f64)> = obs
         .iter()
         .map(|(o, ov)| {
@@ -263,7 +276,8 @@ pub fn fit_direction(obs: &[(&Observation, Overhead)]) -> Result<StageCosts> {
             (y, items, per(o, o.invocations as f64))
         })
         .collect();
-    let [per_packet, per_item, per_invocation] = fit_nonneg(&rows);
+    let weights: Vec<f64> = obs.iter().map(|(o, _)| weight(o)).collect();
+    let [per_packet, per_item, per_invocation] = fit_nonneg(&rows, &weights);
     let background = median(obs.iter().map(|(o, _)| o.background_share).collect());
     Ok(StageCosts {
         background_share: background.min(0.9),
@@ -290,12 +304,15 @@ pub fn wirelane_platform(cores: usize) -> Platform {
         tun_queue_per_worker: true,
         group_by_peer: true,
         reader_batch: wirelane_dataplane::packet::MAX_BATCH,
+        reader_runs: wirelane_dataplane::stages::udp_recv::GRO_RECV_BUFFERS,
         poll_budget: wirelane_dataplane::exec::softirq::NAPI_BUDGET,
         softirq_budget: wirelane_dataplane::exec::softirq::SOFTIRQ_PACKETS,
         host_queue_packets: 1000,
         socket_packets: 4096,
         crypt_ring_packets: 0,
-        peer_queue_packets: 1024,
+        peer_queue_packets: wirelane_dataplane::queue::MAX_QUEUED_PACKETS,
+        tx_peer_queue_packets: wirelane_dataplane::stages::fq::RING_PACKETS,
+        peer_queue_full: QueueFull::Wait,
         inflight_packets: budget::BUDGET_MAX_PACKETS,
         inflight_min_packets: budget::BUDGET_MIN_PACKETS,
         inflight_target_us: budget::BUDGET_TARGET.as_secs_f64() * 1e6,

@@ -38,6 +38,11 @@ pub enum ModelCmd {
         dirs: Vec<PathBuf>,
         #[arg(long)]
         out: PathBuf,
+        /// Take the scheduling costs from this parameter set instead of probing this
+        /// machine: to re-fit runs recorded on another machine with that machine's
+        /// probe.
+        #[arg(long)]
+        sched_from: Option<PathBuf>,
     },
     /// Compare the model with held-out lab runs, cell by cell.
     Validate {
@@ -119,7 +124,11 @@ pub struct RunArgs {
 pub fn run_cli(cmd: &ModelCmd) -> Result<()> {
     match cmd {
         ModelCmd::Run(a) => run_one(a),
-        ModelCmd::Calibrate { dirs, out } => calibrate_cli(dirs, out),
+        ModelCmd::Calibrate {
+            dirs,
+            out,
+            sched_from,
+        } => calibrate_cli(dirs, out, sched_from.as_deref()),
         ModelCmd::Validate { params, dirs, out } => {
             validate_cli(params.as_deref(), dirs, out.as_deref())
         }
@@ -245,9 +254,18 @@ fn load_observations(dirs: &[PathBuf]) -> Result<(Vec<Observation>, String)> {
     Ok((obs, cpu))
 }
 
-fn calibrate_cli(dirs: &[PathBuf], out: &Path) -> Result<()> {
+fn calibrate_cli(dirs: &[PathBuf], out: &Path, sched_from: Option<&Path>) -> Result<()> {
     let (obs, cpu) = load_observations(dirs)?;
-    let sched = probe::measure()?;
+    let (sched, sched_note) = match sched_from {
+        Some(p) => (
+            Params::load(p)?.sched,
+            format!("sched: taken from {}", p.display()),
+        ),
+        None => (
+            probe::measure()?,
+            "sched: measured by the probe (model/probe.rs) on the same machine".into(),
+        ),
+    };
     let mut provenance = vec![
         format!(
             "Fitted by `wirelane-lab model calibrate` on {}",
@@ -262,7 +280,7 @@ fn calibrate_cli(dirs: &[PathBuf], out: &Path) -> Result<()> {
                 .collect::<Vec<_>>()
                 .join(", ")
         ),
-        "sched: measured by the probe (model/probe.rs) on the same machine".into(),
+        sched_note,
         "fitted net of the scheduling overhead the model charges in each cell, in rounds; \
          fixed: reader_batch_ns, crypt_packet_ns and serial_batch_ns are 0 (their sums are \
          in reader_packet_ns, serial_packet_ns and crypt_item_ns); host_packet_ns is 0 (the \

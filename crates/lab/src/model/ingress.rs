@@ -6,11 +6,12 @@
 //! stage, or runs it on the reader (the `workqueue` model's idle shortcut).
 
 use super::engine::{Event, Ns, Role, Sim, State};
-use super::params::Direction;
+use super::params::{Direction, QueueFull};
 use super::pipeline::{
     Drops, Entry, Item, Pipeline, Pollable, Work, RTO_MIN_NS, SHORTCUT_MAX_PACKETS,
     TCP_TIMEOUT_MIN_NS,
 };
+use std::collections::VecDeque;
 use wirelane_dataplane::exec::Model;
 
 impl Pipeline {
@@ -150,7 +151,6 @@ impl Pipeline {
     /// and dealt to the crypt stage.
     pub(super) fn ingest(sim: &mut Sim, packets: Vec<(u32, Ns)>, core: usize, ctx: usize) {
         let plat = &sim.params.platform;
-        let (peer_cap, ring_cap) = (plat.peer_queue_packets, plat.crypt_ring_packets);
         let mut groups: Vec<(u32, u32, Ns)> = Vec::new();
         if plat.group_by_peer && sim.pipe.dir == Direction::Rx {
             // Classify: each run of consecutive packets of one peer is one item.
@@ -171,15 +171,43 @@ impl Pipeline {
         } else {
             groups = packets.into_iter().map(|(p, t)| (p, 1, t)).collect();
         }
+        Self::queue_groups(sim, groups.into(), core, ctx);
+    }
+
+    /// Whether `n` more packets fit in `peer`'s ordered queue. An empty queue takes any
+    /// item, so an item larger than the whole queue cannot wait forever.
+    pub(super) fn peer_room(&self, cap: usize, peer: u32, n: u32) -> bool {
+        let queued = self.peers[peer as usize].queued;
+        queued == 0 || queued + n as usize <= cap
+    }
+
+    /// Queues each group in its peer's ordered queue and deals it to the crypt stage.
+    /// A reader thread whose next group finds its peer's queue full holds that group
+    /// and the rest of the read, and waits (`QueueFull::Wait`) until the serial stage
+    /// drains room ([`Pipeline::wake_held_readers`]); elsewhere the group is dropped.
+    pub(super) fn queue_groups(
+        sim: &mut Sim,
+        mut groups: VecDeque<(u32, u32, Ns)>,
+        core: usize,
+        ctx: usize,
+    ) {
+        let plat = &sim.params.platform;
+        let (peer_cap, ring_cap) = (plat.peer_queue(sim.pipe.dir), plat.crypt_ring_packets);
+        let waits = plat.peer_queue_full == QueueFull::Wait;
         // The crypt items of the read the reader may run itself (`loops::take_shortcut`).
         let queues = match sim.pipe.dir {
             Direction::Tx if plat.tun_queue_per_worker => plat.reader_threads,
             _ => 1,
         };
         let mut shortcuts_left = wirelane_dataplane::loops::shortcuts_per_read(queues);
-        for (peer, n, arrived) in groups {
+        while let Some((peer, n, arrived)) = groups.pop_front() {
             let pipe = &mut sim.pipe;
-            if pipe.peers[peer as usize].queued + n as usize > peer_cap {
+            if !pipe.peer_room(peer_cap, peer, n) {
+                if let (true, Role::Reader(r)) = (waits, sim.ctxs[ctx].role) {
+                    groups.push_front((peer, n, arrived));
+                    pipe.held[r] = groups;
+                    return;
+                }
                 Self::lose(sim, peer, n, |d| &mut d.peer_queue);
                 continue;
             }

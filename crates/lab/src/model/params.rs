@@ -98,6 +98,18 @@ pub enum Pool {
     PerCore,
 }
 
+/// What a reader does with an item whose peer's ordered queue is full.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum QueueFull {
+    /// Waits until the serial stage has drained room, holding the rest of its read
+    /// (wirelane's backpressure: `OrderedQueue::wait_for_room`, woken by the drain).
+    #[default]
+    Wait,
+    /// Drops the item after paying to read it (the kernel's full `ptr_ring`).
+    Drop,
+}
+
 /// The host and the daemon's fixed arrangement.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -116,8 +128,13 @@ pub struct Platform {
     /// receive each run of one peer's consecutive packets, on transmit all of a peer's
     /// packets in the read) or queues every packet alone (the kernel's per-packet ring).
     pub group_by_peer: bool,
-    /// Packets one read takes at most.
+    /// Packets one read takes at most (on receive, datagrams: see `reader_runs`).
     pub reader_batch: usize,
+    /// On receive, coalesced datagrams (GRO runs) one read takes at most: wirelane
+    /// receives into [`GRO_RECV_BUFFERS`](wirelane_dataplane::stages::udp_recv::GRO_RECV_BUFFERS)
+    /// buffers. 0: `reader_batch`.
+    #[serde(default)]
+    pub reader_runs: usize,
     /// Packets one poll of a peer's serial stage takes at most in the `softirq` model
     /// (NAPI's weight), and one poll of a host queue.
     pub poll_budget: usize,
@@ -133,6 +150,13 @@ pub struct Platform {
     pub crypt_ring_packets: usize,
     /// Each peer's ordered queue, packets.
     pub peer_queue_packets: usize,
+    /// On transmit, each peer's ordered queue instead, packets (wirelane: the ring
+    /// behind the flow queues, `fq::RING_PACKETS`). 0: `peer_queue_packets`.
+    #[serde(default)]
+    pub tx_peer_queue_packets: usize,
+    /// What a reader does with an item its peer's queue has no room for.
+    #[serde(default)]
+    pub peer_queue_full: QueueFull,
     /// Packets in flight between reader and serial stage over all peers before the
     /// reader waits for room (wirelane's interface budget), at most; 0: no such bound.
     pub inflight_packets: usize,
@@ -169,6 +193,16 @@ pub struct Params {
     pub sched: SchedCosts,
     pub rx: StageCosts,
     pub tx: StageCosts,
+}
+
+impl Platform {
+    /// Packets each peer's ordered queue holds in direction `dir`.
+    pub fn peer_queue(&self, dir: Direction) -> usize {
+        match dir {
+            Direction::Tx if self.tx_peer_queue_packets > 0 => self.tx_peer_queue_packets,
+            _ => self.peer_queue_packets,
+        }
+    }
 }
 
 impl Params {

@@ -73,6 +73,8 @@ pub enum Work {
     Read {
         packets: Vec<(u32, Ns)>,
     },
+    /// A reader goes on queueing the groups it held (already paid for).
+    Resume,
     Crypt {
         peer: u32,
         seq: u64,
@@ -155,6 +157,9 @@ pub struct Pipeline {
     pub(super) host_listed: Vec<bool>,
     pub(super) sockets: Vec<VecDeque<(u32, Ns)>>,
     pub(super) reader_waiting: Vec<bool>,
+    /// Per reader: the groups of its last read still to be queued, the first waiting
+    /// for room in its peer's queue (`QueueFull::Wait`).
+    pub(super) held: Vec<VecDeque<(u32, u32, Ns)>>,
     pub(super) shared: VecDeque<Item>,
     pub(super) per_worker: Vec<VecDeque<Item>>,
     /// Whether workers are pinned one per core, each with a queue of its own for the
@@ -222,6 +227,7 @@ impl Pipeline {
             host_listed: vec![false; p.cores],
             sockets: vec![VecDeque::new(); p.reader_threads],
             reader_waiting: vec![false; p.reader_threads],
+            held: vec![VecDeque::new(); p.reader_threads],
             shared: VecDeque::new(),
             per_worker: (0..sc.workers).map(|_| VecDeque::new()).collect(),
             per_core: sc.model == Model::Softirq || p.pool == Pool::PerCore,
@@ -261,8 +267,11 @@ impl Pipeline {
         self.softirq_ctx = (0..p.cores)
             .map(|c| new(Role::Softirq(c), Prio::High, Some(c)))
             .collect();
+        // Background work is the lab's generator and sink: threads the scheduler
+        // places like any other, so one core's share moves away from a pinned worker
+        // rather than taking half of that worker's core.
         self.background_ctx = (0..p.cores)
-            .map(|c| new(Role::Background(c), Prio::Normal, Some(c)))
+            .map(|c| new(Role::Background(c), Prio::Normal, None))
             .collect();
         self.reader_ctx = (0..p.reader_threads)
             .map(|r| new(Role::Reader(r), Prio::Normal, None))
@@ -337,6 +346,13 @@ impl Pipeline {
                 Some(pipe.serial_step(p, budget, true))
             }
             Role::Reader(r) => {
+                if let Some(&(peer, n, _)) = pipe.held[r].front() {
+                    // Blocked in the middle of a read: only the drain of that peer's
+                    // queue wakes it (`wake_held_readers`).
+                    let room = pipe.peer_room(plat.peer_queue(pipe.dir), peer, n);
+                    pipe.reader_waiting[r] = !room;
+                    return room.then_some((Work::Resume, 0.0));
+                }
                 if pipe.inflight.full(now) {
                     // The daemon's reader sleeps and looks again (`budget::POLL`):
                     // no one wakes it when room frees.
@@ -347,7 +363,10 @@ impl Pipeline {
                     return None;
                 }
                 pipe.reader_waiting[r] = false;
-                let n = pipe.read_len(r, batch);
+                let n = match pipe.dir {
+                    Direction::Rx if plat.reader_runs > 0 => pipe.read_len(r, plat.reader_runs),
+                    _ => pipe.read_len(r, batch),
+                };
                 if n == 0 {
                     return None;
                 }
@@ -401,6 +420,13 @@ impl Pipeline {
                 Self::count_softirq(sim, ctx, n);
             }
             Work::Read { packets } => Self::ingest(sim, packets, core, ctx),
+            Work::Resume => {
+                let Role::Reader(r) = sim.ctxs[ctx].role else {
+                    unreachable!("only readers hold groups")
+                };
+                let groups = std::mem::take(&mut sim.pipe.held[r]);
+                Self::queue_groups(sim, groups, core, ctx);
+            }
             Work::Crypt { peer, seq, packets } => {
                 let pipe = &mut sim.pipe;
                 pipe.crypt_ring -= packets as usize;

@@ -55,6 +55,9 @@ impl Pipeline {
             first,
         } = step;
         Self::deliver(sim, peer, entries, packets);
+        if packets > 0 {
+            Self::wake_held_readers(sim, ctx);
+        }
         let pipe = &mut sim.pipe;
         let s = &mut pipe.sig;
         s.invocations += u64::from(first);
@@ -176,6 +179,23 @@ impl Pipeline {
     }
 
     /// Hands `entries` head entries of `peer` on (the TUN write or the UDP send).
+    /// Wakes each reader that holds a group its peer's queue now has room for (the
+    /// daemon's drain notifies the queue's waiters).
+    fn wake_held_readers(sim: &mut Sim, waker: usize) {
+        let cap = sim.params.platform.peer_queue(sim.pipe.dir);
+        for r in 0..sim.pipe.held.len() {
+            let fits = match sim.pipe.held[r].front() {
+                Some(&(peer, n, _)) => sim.pipe.peer_room(cap, peer, n),
+                None => false,
+            };
+            if fits && sim.pipe.reader_waiting[r] {
+                sim.pipe.reader_waiting[r] = false;
+                let ctx = sim.pipe.reader_ctx[r];
+                sim.wake(ctx, Some(waker));
+            }
+        }
+    }
+
     pub(super) fn deliver(sim: &mut Sim, peer: u32, entries: usize, packets: u32) {
         let now = sim.now;
         let in_window = now >= sim.warmup;

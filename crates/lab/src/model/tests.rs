@@ -2,7 +2,7 @@
 //! run is seeded, and nothing here reads a clock.
 
 use super::calibrate;
-use super::params::{Platform, Pool, SchedCosts, StageCosts};
+use super::params::{Platform, Pool, QueueFull, SchedCosts, StageCosts};
 use super::*;
 
 /// A platform with nothing in the way: huge queues, no scheduling costs.
@@ -16,12 +16,15 @@ pub(super) fn bare(cores: usize, pool: Pool, readers: usize) -> Params {
             tun_queue_per_worker: false,
             group_by_peer: readers > 0,
             reader_batch: 64,
+            reader_runs: 0,
             poll_budget: 64,
             softirq_budget: 300,
             host_queue_packets: 1 << 20,
             socket_packets: 1 << 20,
             crypt_ring_packets: 0,
             peer_queue_packets: 1 << 20,
+            tx_peer_queue_packets: 0,
+            peer_queue_full: QueueFull::Drop,
             inflight_packets: 0,
             inflight_min_packets: 0,
             inflight_target_us: 0.0,
@@ -215,6 +218,36 @@ fn one_peer_is_bounded_by_its_serial_stage() {
     let o = simulate(&p, &sc).unwrap();
     assert!(o.delivered_pps <= 500_000.0 * 1.001, "{}", o.delivered_pps);
     assert!(o.delivered_pps > 450_000.0, "{}", o.delivered_pps);
+}
+
+/// A reader whose peer's queue is full waits for the drain (wirelane) instead of
+/// dropping what it paid to read (the kernel): overloaded, the waiting reader loses
+/// nothing at the peer's queue and leaves the excess in the socket, and reads of many
+/// runs, larger than the whole peer queue, still get through.
+#[test]
+fn a_reader_waits_for_room_in_a_full_peer_queue_or_drops_as_told() {
+    let run = |full: QueueFull| {
+        let mut p = bare(2, Pool::Shared, 1);
+        p.platform.peer_queue_packets = 256;
+        p.platform.socket_packets = 4096;
+        p.platform.peer_queue_full = full;
+        p.rx.serial_packet_ns = 1000.0;
+        p.rx.reader_packet_ns = 200.0;
+        p.rx.crypt_byte_ns = 0.5;
+        let sc = Scenario {
+            offered_gbit: 20.0,
+            seconds: 0.2,
+            warmup_s: 0.05,
+            ..Scenario::star(Model::Workqueue, 1, 1, Direction::Rx)
+        };
+        simulate(&p, &sc).unwrap()
+    };
+    let waits = run(QueueFull::Wait);
+    assert_eq!(waits.drops.peer_queue, 0);
+    assert!(waits.drops.socket > 0, "{:?}", waits.drops);
+    assert!(waits.delivered_pps > 0.0);
+    let drops = run(QueueFull::Drop);
+    assert!(drops.drops.peer_queue > 0, "{:?}", drops.drops);
 }
 
 /// Calibration recovers known stage costs from runs the model itself made with them:
