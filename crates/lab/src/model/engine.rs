@@ -8,7 +8,8 @@
 //! - A high-priority context (softirq, a SCHED_FIFO poller) preempts a normal one on
 //!   its core at once; the preempted step resumes later, `preempt_ns` dearer.
 //! - Normal contexts on one core share it in time slices: after a step, a context that
-//!   has used `timeslice_ns` yields to the next runnable one.
+//!   has used `timeslice_ns` yields to the next runnable one. A woken one goes first,
+//!   but one that has waited `timeslice_ns` goes before it (EEVDF's deadlines).
 //! - A woken context that is not pinned goes to its last core if that core is idle,
 //!   else to any idle core (a migration, if it had run elsewhere), else to the core
 //!   with the shortest run queue.
@@ -84,6 +85,8 @@ pub struct Ctx {
     pub spun: bool,
     /// Woken from sleep and not yet run: the scheduler favours it (see `enqueue`).
     pub woken: bool,
+    /// When it last joined a run queue (see `dispatch`).
+    pub queued_at: Ns,
 }
 
 impl Ctx {
@@ -391,6 +394,7 @@ impl Sim {
         let woken = self.ctxs[ctx].state == State::Waking;
         self.ctxs[ctx].state = State::Queued;
         self.ctxs[ctx].woken = woken;
+        self.ctxs[ctx].queued_at = self.now;
         let prio = self.ctxs[ctx].prio;
         match prio {
             Prio::High => self.cores[core].high.push_back(ctx),
@@ -421,6 +425,7 @@ impl Sim {
         let c = &mut self.ctxs[r.ctx];
         c.resume = Some((r.work, remaining));
         c.state = State::Queued;
+        c.queued_at = self.now;
         self.cores[core].normal.push_front(r.ctx);
     }
 
@@ -443,9 +448,25 @@ impl Sim {
         if self.cores[core].finishing {
             return;
         }
+        let slice = self.params.sched.timeslice_ns as Ns;
         while self.cores[core].running.is_none() {
+            let (now, ctxs) = (self.now, &self.ctxs);
             let c = &mut self.cores[core];
-            let local = c.high.pop_front().or_else(|| c.normal.pop_front());
+            // Woken threads go first (`enqueue`), but a thread that has waited a whole
+            // slice runs next: EEVDF's deadlines never let a runnable thread starve
+            // behind others that keep waking, however often they do.
+            let starved = || {
+                let i = c
+                    .normal
+                    .iter()
+                    .position(|&x| now - ctxs[x].queued_at >= slice);
+                i.and_then(|i| c.normal.remove(i))
+            };
+            let local = c
+                .high
+                .pop_front()
+                .or_else(starved)
+                .or_else(|| c.normal.pop_front());
             let Some(ctx) = local.or_else(|| self.pull(core)) else {
                 return;
             };
@@ -555,6 +576,7 @@ impl Sim {
         let timeslice = self.params.sched.timeslice_ns as Ns;
         let c = &mut self.cores[core];
         self.ctxs[ctx].state = State::Queued;
+        self.ctxs[ctx].queued_at = self.now;
         match self.ctxs[ctx].prio {
             Prio::High => c.high.push_front(ctx),
             Prio::Normal if !c.high.is_empty() => c.normal.push_front(ctx),

@@ -192,17 +192,28 @@ impl Pipeline {
         ctx: usize,
     ) {
         let plat = &sim.params.platform;
-        let (peer_cap, ring_cap) = (plat.peer_queue(sim.pipe.dir), plat.crypt_ring_packets);
+        let dir = sim.pipe.dir;
+        let (peer_cap, ring_cap) = (plat.peer_queue(dir), plat.crypt_ring_packets);
         let waits = plat.peer_queue_full == QueueFull::Wait;
+        let flow_queues = dir == Direction::Tx && plat.tx_peer_queue_packets > 0;
         // The crypt items of the read the reader may run itself (`loops::take_shortcut`).
-        let queues = match sim.pipe.dir {
+        let queues = match dir {
             Direction::Tx if plat.tun_queue_per_worker => plat.reader_threads,
             _ => 1,
         };
         let mut shortcuts_left = wirelane_dataplane::loops::shortcuts_per_read(queues);
         while let Some((peer, n, arrived)) = groups.pop_front() {
             let pipe = &mut sim.pipe;
-            if !pipe.peer_room(peer_cap, peer, n) {
+            let room = pipe.peer_room(peer_cap, peer, n);
+            let pe = &mut pipe.peers[peer as usize];
+            if flow_queues && !(room && pe.backlog.is_empty()) {
+                // The daemon's flow queues: packets wait there, before their nonce,
+                // until a flush pumps them into the room it made (`pump`).
+                pe.backlog.push_back((n, arrived));
+                pipe.inflight.add(n as usize);
+                continue;
+            }
+            if !room {
                 if let (true, Role::Reader(r)) = (waits, sim.ctxs[ctx].role) {
                     groups.push_front((peer, n, arrived));
                     pipe.held[r] = groups;
@@ -215,58 +226,83 @@ impl Pipeline {
                 Self::lose(sim, peer, n, |d| &mut d.crypt_ring);
                 continue;
             }
-            let pe = &mut pipe.peers[peer as usize];
-            let seq = pe.head_seq + pe.queue.len() as u64;
-            pe.queue.push_back(Entry {
-                packets: n,
-                done: false,
-                arrived,
-            });
-            pe.queued += n as usize;
             pipe.inflight.add(n as usize);
-            pipe.crypt_ring += n as usize;
-            sim.ctxs[ctx].work_debt_ns += pipe.costs.reader_item_ns;
-            if shortcuts_left > 0 && Self::shortcut(sim, ctx, n as usize) {
+            if Self::admit(sim, (peer, n, arrived), core, ctx, shortcuts_left > 0) {
                 shortcuts_left -= 1;
-                // The reader seals or opens it itself (see `shortcut`).
-                let cost = Self::crypt_cost(&sim.pipe, n);
-                sim.ctxs[ctx].work_debt_ns += cost;
-                sim.pipe.sig.crypt_items += 1;
-                Self::complete(
-                    sim,
-                    ctx,
-                    Work::Crypt {
-                        peer,
-                        seq,
-                        packets: n,
-                    },
-                    core,
-                );
-                continue;
-            }
-            let pipe = &mut sim.pipe;
-            let item = Item::Crypt {
-                peer,
-                seq,
-                packets: n,
-            };
-            if pipe.per_core {
-                // Dealt round robin: the item itself (wirelane's `softirq`), or only
-                // the wake-up, the item going to the shared ring (the kernel).
-                let w = pipe.rr % pipe.per_worker.len();
-                pipe.rr += 1;
-                if pipe.crypt_per_core {
-                    Self::to_worker(sim, w, item, ctx);
-                } else {
-                    pipe.shared.push_back(item);
-                    let wctx = pipe.worker_ctx[w];
-                    sim.wake(wctx, Some(ctx));
-                }
-            } else {
-                pipe.shared.push_back(item);
-                Self::wake_a_worker(sim, ctx);
             }
         }
+    }
+
+    /// A flush's end (`fq::pump`): the peer's flow-queued packets go into the room the
+    /// flush made in its ordered queue, and on to the crypt stage, from `ctx`.
+    pub(super) fn pump(sim: &mut Sim, peer: u32, core: usize, ctx: usize) {
+        let cap = sim.params.platform.peer_queue(sim.pipe.dir);
+        while let Some(&(n, arrived)) = sim.pipe.peers[peer as usize].backlog.front() {
+            if !sim.pipe.peer_room(cap, peer, n) {
+                break;
+            }
+            sim.pipe.peers[peer as usize].backlog.pop_front();
+            Self::admit(sim, (peer, n, arrived), core, ctx, false);
+        }
+    }
+
+    /// Enters a group in its peer's ordered queue and deals its crypt item on, or runs
+    /// it on `ctx` where `shortcut` allows it and the idle shortcut applies. Returns
+    /// whether it ran it.
+    fn admit(
+        sim: &mut Sim,
+        (peer, n, arrived): (u32, u32, Ns),
+        core: usize,
+        ctx: usize,
+        shortcut: bool,
+    ) -> bool {
+        let pipe = &mut sim.pipe;
+        let pe = &mut pipe.peers[peer as usize];
+        let seq = pe.head_seq + pe.queue.len() as u64;
+        pe.queue.push_back(Entry {
+            packets: n,
+            done: false,
+            arrived,
+        });
+        pe.queued += n as usize;
+        pipe.crypt_ring += n as usize;
+        sim.ctxs[ctx].work_debt_ns += pipe.costs.reader_item_ns;
+        let work = Work::Crypt {
+            peer,
+            seq,
+            packets: n,
+        };
+        if shortcut && Self::shortcut(sim, ctx, n as usize) {
+            // The reader seals or opens it itself (see `shortcut`).
+            let cost = Self::crypt_cost(&sim.pipe, n);
+            sim.ctxs[ctx].work_debt_ns += cost;
+            sim.pipe.sig.crypt_items += 1;
+            Self::complete(sim, ctx, work, core);
+            return true;
+        }
+        let pipe = &mut sim.pipe;
+        let item = Item::Crypt {
+            peer,
+            seq,
+            packets: n,
+        };
+        if pipe.per_core {
+            // Dealt round robin: the item itself (wirelane's `softirq`), or only
+            // the wake-up, the item going to the shared ring (the kernel).
+            let w = pipe.rr % pipe.per_worker.len();
+            pipe.rr += 1;
+            if pipe.crypt_per_core {
+                Self::to_worker(sim, w, item, ctx);
+            } else {
+                pipe.shared.push_back(item);
+                let wctx = pipe.worker_ctx[w];
+                sim.wake(wctx, Some(ctx));
+            }
+        } else {
+            pipe.shared.push_back(item);
+            Self::wake_a_worker(sim, ctx);
+        }
+        false
     }
 
     /// The `workqueue` model's idle shortcut (`exec::workqueue`): a reader that finds

@@ -44,6 +44,9 @@ pub(super) struct PeerState {
     pub(super) queue: VecDeque<Entry>,
     pub(super) head_seq: u64,
     pub(super) queued: usize,
+    /// On transmit, the packets in the peer's flow queues: groups (packets, arrival)
+    /// that found its ordered queue full or others already waiting.
+    pub(super) backlog: VecDeque<(u32, Ns)>,
     pub(super) scheduled: bool,
     /// The kernel's `NAPIF_STATE_MISSED`: a completion found the stage already
     /// scheduled, so the poll that ends next schedules it once more, on its own core.
@@ -214,6 +217,7 @@ impl Pipeline {
                 queue: VecDeque::new(),
                 head_seq: 0,
                 queued: 0,
+                backlog: VecDeque::new(),
                 scheduled: false,
                 missed: false,
                 host_queue: rss(i),
@@ -469,5 +473,6 @@ pub(super) fn new_ctx(role: Role, prio: Prio, pinned: Option<usize>) -> Ctx {
         overhead_ns: 0,
         spun: false,
         woken: false,
+        queued_at: 0,
     }
 }

@@ -56,6 +56,7 @@ impl Pipeline {
         } = step;
         Self::deliver(sim, peer, entries, packets);
         if packets > 0 {
+            Self::pump(sim, peer, core, ctx);
             Self::wake_held_readers(sim, ctx);
         }
         let pipe = &mut sim.pipe;

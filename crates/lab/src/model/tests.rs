@@ -220,6 +220,27 @@ fn one_peer_is_bounded_by_its_serial_stage() {
     assert!(o.delivered_pps > 450_000.0, "{}", o.delivered_pps);
 }
 
+/// Threads that keep waking each other (a reader dealing single packets to pinned
+/// workers) go ahead of a thread that has been running, but never starve one that
+/// waits: background work still gets its share of the cores, as under EEVDF.
+#[test]
+fn threads_that_keep_waking_do_not_starve_background_work() {
+    let mut p = bare(2, Pool::Shared, 1);
+    p.tx.background_share = 0.3;
+    p.tx.reader_packet_ns = 1000.0;
+    p.tx.crypt_item_ns = 3000.0;
+    p.tx.serial_packet_ns = 1000.0;
+    let sc = Scenario {
+        offered_gbit: 20.0,
+        seconds: 0.2,
+        warmup_s: 0.05,
+        ..Scenario::star(Model::Softirq, 2, 1000, Direction::Tx)
+    };
+    let o = simulate(&p, &sc).unwrap();
+    let share = o.busy.background_s / (2.0 * (sc.seconds - sc.warmup_s));
+    assert!(share > 0.25, "background got {share:.3} of the cores");
+}
+
 /// A reader whose peer's queue is full waits for the drain (wirelane) instead of
 /// dropping what it paid to read (the kernel): overloaded, the waiting reader loses
 /// nothing at the peer's queue and leaves the excess in the socket, and reads of many
