@@ -6,10 +6,12 @@
 //!   → classify/route into per-peer entries, each queued in its peer's ordered queue
 //!     and dealt to the crypt stage as one item (wirelane: on receive a run of one
 //!     peer's consecutive packets, on transmit a peer's packets in the read; the
-//!     kernel: one per packet) — `ingress`
+//!     kernel: one per packet) — `ingress`; a full queue makes a wirelane reader wait
+//!     for room, on transmit the overflow waits in the peer's flow queues instead,
+//!     and the kernel drops it
 //!   → crypt (any worker) marks its entry done and schedules the peer's serial stage
-//!   → serial stage drains done entries from the head of the peer's queue, in order
-//!     — `serial`.
+//!   → serial stage drains done entries from the head of the peer's queue, in order,
+//!     then pumps the flow queues into the room it made — `serial`.
 //!
 //! This file holds the state, and what each context does next (`next_step`) and what
 //! a step's end changes (`complete`).
