@@ -42,6 +42,16 @@ pub(super) fn bare(cores: usize, pool: Pool, readers: usize) -> Params {
     }
 }
 
+/// A star run offered 20 Gbit/s, far more than any test platform carries, for 0.2 s.
+fn overloaded(model: Model, workers: usize, peers: usize, dir: Direction) -> Scenario {
+    Scenario {
+        offered_gbit: 20.0,
+        seconds: 0.2,
+        warmup_s: 0.05,
+        ..Scenario::star(model, workers, peers, dir)
+    }
+}
+
 /// M/D/1: one core, one stage of fixed cost D, Poisson arrivals at rate λ. Utilisation
 /// is ρ = λD and the mean wait before service ρD / (2(1 − ρ)) (Pollaczek–Khinchine).
 #[test]
@@ -209,12 +219,7 @@ fn one_peer_is_bounded_by_its_serial_stage() {
     let mut p = bare(4, Pool::Shared, 1);
     p.rx.serial_packet_ns = 2000.0; // 500 kpps at most
     p.rx.crypt_byte_ns = 0.1;
-    let sc = Scenario {
-        offered_gbit: 20.0,
-        seconds: 0.2,
-        warmup_s: 0.05,
-        ..Scenario::star(Model::Threaded, 2, 1, Direction::Rx)
-    };
+    let sc = overloaded(Model::Threaded, 2, 1, Direction::Rx);
     let o = simulate(&p, &sc).unwrap();
     assert!(o.delivered_pps <= 500_000.0 * 1.001, "{}", o.delivered_pps);
     assert!(o.delivered_pps > 450_000.0, "{}", o.delivered_pps);
@@ -230,12 +235,7 @@ fn threads_that_keep_waking_do_not_starve_background_work() {
     p.tx.reader_packet_ns = 1000.0;
     p.tx.crypt_item_ns = 3000.0;
     p.tx.serial_packet_ns = 1000.0;
-    let sc = Scenario {
-        offered_gbit: 20.0,
-        seconds: 0.2,
-        warmup_s: 0.05,
-        ..Scenario::star(Model::Softirq, 2, 1000, Direction::Tx)
-    };
+    let sc = overloaded(Model::Softirq, 2, 1000, Direction::Tx);
     let o = simulate(&p, &sc).unwrap();
     let share = o.busy.background_s / (2.0 * (sc.seconds - sc.warmup_s));
     assert!(share > 0.25, "background got {share:.3} of the cores");
@@ -255,12 +255,7 @@ fn a_reader_waits_for_room_in_a_full_peer_queue_or_drops_as_told() {
         p.rx.serial_packet_ns = 1000.0;
         p.rx.reader_packet_ns = 200.0;
         p.rx.crypt_byte_ns = 0.5;
-        let sc = Scenario {
-            offered_gbit: 20.0,
-            seconds: 0.2,
-            warmup_s: 0.05,
-            ..Scenario::star(Model::Workqueue, 1, 1, Direction::Rx)
-        };
+        let sc = overloaded(Model::Workqueue, 1, 1, Direction::Rx);
         simulate(&p, &sc).unwrap()
     };
     let waits = run(QueueFull::Wait);
