@@ -271,10 +271,9 @@ fn a_reader_waits_for_room_in_a_full_peer_queue_or_drops_as_told() {
 /// barely vary, a per-item cost cannot be told from a per-packet one, so their sum at
 /// the runs' items per packet is what is compared.
 ///
-/// Transmit is held to all of it, and the AEAD's cost to it in both directions.
-/// Receive is not yet: there every item is one 45-packet GSO run and invocations per
-/// packet vary only with the peer count, and the fit puts the per-invocation cost
-/// into the per-packet one (reader +7%, stages +6%, invocation near 0; MODEL.md).
+/// Everything is held to it but receive's cost per invocation: there every item is
+/// one 45-packet GSO run and invocations per packet vary only with the peer count, so
+/// the fit leaves part of it in the per-packet cost (it recovers 2,504 ns of 3,000).
 #[test]
 fn calibration_recovers_known_parameters_from_synthetic_runs() {
     use super::calibrate::{fit, lab_scenario, observe_outcome, wirelane_platform};
@@ -362,7 +361,7 @@ fn calibration_recovers_known_parameters_from_synthetic_runs() {
                 got.serial_invocation_ns,
             ),
         ] {
-            let held = dir == "tx" || name == "crypt_byte_ns";
+            let held = !(dir == "rx" && name == "serial_invocation_ns");
             if held && (g / w - 1.0).abs() >= 0.05 {
                 misses.push(format!("{dir} {name}: fitted {g:.1}, truth {w:.1}"));
             }
