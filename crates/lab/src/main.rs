@@ -159,9 +159,10 @@ enum Cmd {
     /// direction × implementation with interleaved repeats.
     Star(wirelane_lab::star::report::StarArgs),
     /// The kernel's own cost of a gateway's sends, with no tunnel: one thread sends
-    /// sealed-size datagrams over a veth to N sockets, in GSO sends to one (N=1) or one
-    /// per destination in `sendmmsg` calls; prints its CPU-seconds per GB, the floor
-    /// under any gateway's transmit cost at N peers. Repeats are interleaved.
+    /// sealed-size datagrams over a veth to N sockets, in GSO sends of K to each in turn
+    /// (by default: N=1) or one per destination in `sendmmsg` calls; prints its
+    /// CPU-seconds per GB, the floor under any gateway's transmit cost at N peers and K
+    /// packets per send. Repeats are interleaved.
     SendFloor {
         /// Destination counts (comma-separated), each 1..=40000.
         #[arg(long, value_delimiter = ',', default_value = "1,1000")]
@@ -176,6 +177,15 @@ enum Cmd {
         /// Datagrams per `sendmmsg` with many destinations (1: one `sendmsg` each).
         #[arg(long, default_value_t = 64)]
         batch: usize,
+        /// Datagrams per GSO send to each destination in turn, as a flush that found
+        /// that many packets of its peer sends them (default: as many as fit at one
+        /// destination, 1 at many; 1 means `sendmmsg` calls of `--batch`).
+        #[arg(long)]
+        segments: Option<usize>,
+        /// Paces the sender to this many Gbit/s of datagrams (default: as fast as it
+        /// can); a floor holds only where the receivers took every datagram.
+        #[arg(long)]
+        offered_gbit: Option<f64>,
     },
     /// A discrete-event model of the pipeline on many cores and peers (MODEL.md): run
     /// it, calibrate it from star runs, validate it, reproduce seed 000, predict.
@@ -613,7 +623,15 @@ fn main() -> ExitCode {
             seconds,
             repeats,
             batch,
-        } => send_floor(peers, *size, *seconds, *repeats, *batch),
+            segments,
+            offered_gbit,
+        } => send_floor(
+            peers,
+            *size,
+            *seconds,
+            *repeats,
+            (*batch, *segments, *offered_gbit),
+        ),
         Cmd::Model { cmd } => {
             quiet_on_broken_pipe();
             wirelane_lab::model::cli::run_cli(cmd)
@@ -728,7 +746,7 @@ fn send_floor(
     size: usize,
     seconds: f64,
     repeats: usize,
-    batch: usize,
+    (batch, segments, gbit): (usize, Option<usize>, Option<f64>),
 ) -> Result<()> {
     use wirelane_lab::star::send_floor::{measure, Floor};
     if !(1..=100).contains(&repeats) {
@@ -737,7 +755,7 @@ fn send_floor(
     let mut runs: Vec<Vec<Floor>> = vec![Vec::new(); peers.len()];
     for r in 0..repeats {
         for (i, &n) in peers.iter().enumerate() {
-            let f = measure(n, size, seconds, batch)?;
+            let f = measure(n, size, seconds, batch, segments, gbit)?;
             eprintln!(
                 "[{}/{}] N={n}: {:.2} Gbit/s, {:.2} CPU-s/GB, {} of {} received",
                 r * peers.len() + i + 1,
@@ -758,20 +776,20 @@ fn send_floor(
     let cpu = wirelane_lab::record::cpu_model();
     eprintln!("\nSend floor, medians of {repeats}; CPU: {cpu}\n");
     eprintln!(
-        "| destinations | datagrams per call | datagram bytes | Gbit/s | sender CPU-s per GB |"
+        "| destinations | datagrams per call | datagram bytes | Gbit/s | sender CPU-s per GB | received % |"
     );
-    eprintln!("|---|---|---|---|---|");
+    eprintln!("|---|---|---|---|---|---|");
     for (n, v) in peers.iter().zip(&runs) {
         eprintln!(
-            "| {n} | {} | {} | {:.2} | {:.2} |",
-            if *n == 1 {
-                "GSO".to_string()
-            } else {
-                batch.to_string()
+            "| {n} | {} | {} | {:.2} | {:.2} | {:.1} |",
+            match v[0].segments {
+                1 => batch.to_string(),
+                k => format!("GSO of {k}"),
             },
             v[0].datagram,
             median(v, |f| f.gbit_per_s),
-            median(v, |f| f.cpu_s_per_gb)
+            median(v, |f| f.cpu_s_per_gb),
+            median(v, |f| 100.0 * f.received as f64 / f.sent.max(1) as f64)
         );
     }
     Ok(())

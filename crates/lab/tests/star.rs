@@ -204,19 +204,40 @@ fn star_blackhole_transmit_is_refused() {
     assert!(err.contains("blackhole"), "{err}");
 }
 
-/// The send floor (as root) sends in both of its ways, GSO to one destination and
-/// `sendmmsg` over many, and counts what it sent: every datagram of its sealed size,
-/// none received that was not sent. Bad arguments get an error before any namespace.
+/// The send floor (as root) sends in each of its ways, GSO to one destination or to
+/// each in turn, `sendmmsg` over many, paced or not, and counts what it sent: every
+/// datagram of its sealed size, none received that was not sent (a GSO send that UDP
+/// GRO keeps whole counts as its datagrams). Bad arguments get an error before any
+/// namespace.
 #[test]
-fn send_floor_sends_both_ways_and_refuses_bad_arguments() {
+fn send_floor_sends_each_way_and_refuses_bad_arguments() {
     use wirelane_lab::star::send_floor::measure;
-    for (peers, batch) in [(1, 64), (10, 8), (10, 1)] {
-        let f = measure(peers, 1420, 0.2, batch).unwrap();
-        assert!(f.sent > 0, "{peers} peers, batch {batch}: nothing sent");
-        assert!(f.received <= f.sent);
+    for (peers, batch, segments, gbit) in [
+        (1, 64, None, None),
+        (10, 8, None, None),
+        (10, 1, None, None),
+        (10, 64, Some(4), Some(0.5)),
+    ] {
+        let f = measure(peers, 1420, 0.2, batch, segments, gbit).unwrap();
+        let case = format!("{peers} peers, batch {batch}, segments {segments:?}");
+        assert!(f.sent > 0, "{case}: nothing sent");
+        assert!(f.received <= f.sent, "{case}: {} of {}", f.received, f.sent);
         assert_eq!(f.datagram, 1420 + 32, "a sealed 1420-byte packet");
+        assert_eq!(
+            f.segments,
+            segments.unwrap_or(if peers == 1 { 45 } else { 1 })
+        );
+        if segments.is_some() {
+            assert_eq!(f.sent % 4, 0, "{case}: whole GSO sends");
+        }
     }
-    assert!(measure(0, 1420, 0.2, 8).is_err());
-    assert!(measure(10, 1420, 0.2, 0).is_err());
-    assert!(measure(10, 70_000, 0.2, 8).is_err());
+    assert!(measure(0, 1420, 0.2, 8, None, None).is_err());
+    assert!(measure(10, 1420, 0.2, 0, None, None).is_err());
+    assert!(measure(10, 70_000, 0.2, 8, None, None).is_err());
+    assert!(measure(10, 1420, 0.2, 8, Some(0), None).is_err());
+    assert!(
+        measure(10, 1420, 0.2, 8, Some(46), None).is_err(),
+        "46 × 1452 B > 64 KiB"
+    );
+    assert!(measure(10, 1420, 0.2, 8, None, Some(0.0)).is_err());
 }

@@ -15,11 +15,11 @@
 
 use super::emulated::{EmulatedPeer, Heard, Session};
 use super::inner::{self, Stamp};
+use super::readiness::Readiness;
 use crate::hist::Histogram;
 use crate::workload::udp::SeqTracker;
 use crate::Result;
 use std::net::SocketAddr;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::time::{Duration, Instant, SystemTime};
 use wirelane_io::udp::{RecvBatch, UdpSocket, GSO_MAX_BYTES, GSO_MAX_SEGMENTS, NOT_ECT};
 use wirelane_proto::messages::TRANSPORT_HEADER_LEN;
@@ -33,11 +33,13 @@ pub const MTU: usize = 1420;
 /// How long the transmit-direction receiver sleeps after finding no datagram: at 10
 /// Gbit/s to one peer, 170 packets, far inside each socket's 7 MiB buffer.
 const RECEIVE_POLL: Duration = Duration::from_micros(200);
+/// Ready sockets one poll reports at most.
+const POLL_EVENTS: usize = 256;
 
 pub struct Generator {
     pub peers: Vec<EmulatedPeer>,
     socks: Vec<UdpSocket>,
-    epoll: OwnedFd,
+    ready: Readiness,
     gateway: SocketAddr,
     /// The generator's monotonic clock origin (cookie ages, keypair birth).
     base: Instant,
@@ -194,13 +196,7 @@ impl Generator {
             return Err(format!("at most {MAX_PEERS} emulated peers").into());
         }
         ensure_descriptors(peers.len())?;
-        // SAFETY: epoll_create1 has no memory preconditions; the result is checked.
-        let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
-        if fd < 0 {
-            return Err(format!("epoll_create1: {}", std::io::Error::last_os_error()).into());
-        }
-        // SAFETY: fd is a fresh descriptor we own.
-        let epoll = unsafe { OwnedFd::from_raw_fd(fd) };
+        let ready = Readiness::new(POLL_EVENTS)?;
         let mut socks = Vec::with_capacity(peers.len());
         for i in 0..peers.len() {
             let port = FIRST_PORT + i as u16;
@@ -209,20 +205,13 @@ impl Generator {
                 None => UdpSocket::bind(false, port),
             }
             .map_err(|e| format!("binding emulated peer {i}'s port {port}: {e}"))?;
-            let mut ev = libc::epoll_event {
-                events: libc::EPOLLIN as u32,
-                u64: i as u64,
-            };
-            // SAFETY: both descriptors are open; ev is a valid event for the call.
-            if unsafe { libc::epoll_ctl(fd, libc::EPOLL_CTL_ADD, s.fd(), &mut ev) } != 0 {
-                return Err(format!("epoll_ctl: {}", std::io::Error::last_os_error()).into());
-            }
+            ready.watch(s.fd(), i)?;
             socks.push(s);
         }
         Ok(Generator {
             peers,
             socks,
-            epoll,
+            ready,
             gateway,
             base: Instant::now(),
         })
@@ -240,25 +229,13 @@ impl Generator {
         batch: &mut RecvBatch,
         each: &mut dyn FnMut(&mut Generator, usize, &[u8]),
     ) -> Result<usize> {
-        let mut events = [libc::epoll_event { events: 0, u64: 0 }; 256];
-        // SAFETY: events is a valid buffer of 256 entries for the call.
-        let n = unsafe {
-            libc::epoll_wait(
-                self.epoll.as_raw_fd(),
-                events.as_mut_ptr(),
-                events.len() as i32,
-                timeout_ms,
-            )
-        };
-        if n < 0 {
-            let e = std::io::Error::last_os_error();
-            return match e.kind() {
-                std::io::ErrorKind::Interrupted => Ok(0),
-                _ => Err(format!("epoll_wait: {e}").into()),
-            };
+        let mut peers = [0usize; POLL_EVENTS];
+        let mut n = 0;
+        for (slot, peer) in peers.iter_mut().zip(self.ready.poll(timeout_ms)?) {
+            *slot = peer;
+            n += 1;
         }
-        for ev in &events[..n as usize] {
-            let peer = ev.u64 as usize;
+        for &peer in &peers[..n] {
             loop {
                 let got = match self.socks[peer].recv_batch(batch) {
                     Ok(got) => got,
@@ -276,7 +253,7 @@ impl Generator {
                 }
             }
         }
-        Ok(n as usize)
+        Ok(n)
     }
 
     fn initiate(&mut self, i: usize) {

@@ -15,6 +15,7 @@ pub mod emulated;
 pub mod gateway;
 pub mod generator;
 pub mod inner;
+pub mod readiness;
 pub mod report;
 pub mod send_floor;
 pub mod sink;
