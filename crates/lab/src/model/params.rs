@@ -196,6 +196,15 @@ pub struct Params {
 }
 
 impl Platform {
+    /// What one read takes at most in direction `dir`: on receive, GRO runs
+    /// (`reader_runs`, or `reader_batch` when that is 0); on transmit, packets.
+    pub fn read_limit(&self, dir: Direction) -> usize {
+        match dir {
+            Direction::Rx if self.reader_runs > 0 => self.reader_runs,
+            _ => self.reader_batch,
+        }
+    }
+
     /// Packets each peer's ordered queue holds in direction `dir`.
     pub fn peer_queue(&self, dir: Direction) -> usize {
         match dir {

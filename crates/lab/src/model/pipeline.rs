@@ -309,7 +309,7 @@ impl Pipeline {
     /// The next step of context `ctx`, with its cost; None: it sleeps.
     pub fn next_step(sim: &mut Sim, ctx: usize) -> Option<(Work, f64)> {
         let plat = &sim.params.platform;
-        let (budget, readers, batch) = (plat.poll_budget, plat.reader_threads, plat.reader_batch);
+        let (budget, readers) = (plat.poll_budget, plat.reader_threads);
         // The kernel's work items and kthreads poll with NAPI's budget; wirelane's
         // serial stage drains everything ready.
         let serial_budget = match plat.pool {
@@ -369,10 +369,7 @@ impl Pipeline {
                     return None;
                 }
                 pipe.reader_waiting[r] = false;
-                let n = match pipe.dir {
-                    Direction::Rx if plat.reader_runs > 0 => pipe.read_len(r, plat.reader_runs),
-                    _ => pipe.read_len(r, batch),
-                };
+                let n = pipe.read_len(r, plat.read_limit(pipe.dir));
                 if n == 0 {
                     return None;
                 }
