@@ -10,8 +10,9 @@
 //! least these calls, and on a veth the receiving side's softirq work runs in them.
 //!
 //! Why: at 1,000 peers the daemons' transmit cost per byte is three times the one-peer
-//! figure. This says how much of that is the kernel's per-datagram path, which no
-//! user-space design avoids (each datagram goes to another address, so no GSO).
+//! figure. This says how much of that is the kernel's path per send and per datagram,
+//! which no user-space design avoids: a gateway's sends carry as many datagrams as
+//! its flushes find for one peer, few when each read holds a packet for each of many.
 
 use super::generator::{message_len, thread_cpu_s};
 use super::readiness::Readiness;
