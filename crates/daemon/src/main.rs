@@ -505,6 +505,10 @@ fn main() -> ExitCode {
         };
     }
     init_logging(&cli);
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    if wirelane_io::memory::limit_allocator_arenas(cores) {
+        tracing::debug!("allocator arenas capped at {cores}, one per core");
+    }
     let mut readiness = daemonize::Readiness::from_env();
     match run(&cli, &mut readiness) {
         Ok(()) => ExitCode::SUCCESS,
