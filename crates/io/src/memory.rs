@@ -60,8 +60,8 @@ fn ram_bytes(meminfo: &str) -> io::Result<u64> {
 /// keypairs that rekeying makes and frees leave most of them holding some. With one
 /// arena per core, threads that run at the same time still each find one free.
 /// Measured at 10,000 peers under overload with rekeys every 60 s, 300 s (BENCHMARKS.md,
-/// "Memory at 10,000 peers"): peak RSS 63.4 and 64.1 MiB with glibc's default, 57.6
-/// with two arenas, at the same goodput.
+/// "One allocator arena per core"): peak RSS 63.4 and 64.1 MiB with glibc's default,
+/// 57.6 with two arenas, at the same goodput.
 pub fn limit_allocator_arenas(arenas: usize) -> bool {
     if std::env::var_os("MALLOC_ARENA_MAX").is_some() {
         return false;
@@ -101,12 +101,16 @@ mod tests {
         assert!(ram_bytes("MemTotal: lots kB\n").is_err());
     }
 
+    /// What the cap does is measured in the lab (peak RSS); here, that the call stands
+    /// aside for the operator and answers alike each time. Whether it is taken depends
+    /// on the allocator: glibc's takes it, AddressSanitizer's (CI) refuses it.
     #[test]
-    fn the_arena_cap_is_taken_where_glibc_allocates() {
-        // The test harness sets no MALLOC_ARENA_MAX; where it is set, it wins.
-        let set = std::env::var_os("MALLOC_ARENA_MAX").is_none() && cfg!(target_env = "gnu");
-        assert_eq!(limit_allocator_arenas(64), set);
-        assert_eq!(limit_allocator_arenas(0), set, "at least one arena");
+    fn the_arena_cap_stands_aside_for_the_operator_and_answers_alike() {
+        let first = limit_allocator_arenas(64);
+        assert_eq!(limit_allocator_arenas(0), first, "0 asks for one arena");
+        if std::env::var_os("MALLOC_ARENA_MAX").is_some() || !cfg!(target_env = "gnu") {
+            assert!(!first, "set although the operator or the platform decides");
+        }
     }
 
     #[test]

@@ -127,8 +127,8 @@ pub fn measure(
                 let mut got = 0;
                 for i in ready.poll(0)? {
                     // Drained to empty, so the next datagram finds an empty queue, as
-                    // the emulated peers' do.
-                    // A buffer holds several datagrams where UDP GRO kept a GSO send whole.
+                    // the emulated peers' do. A buffer holds several datagrams where
+                    // UDP GRO kept a GSO send whole.
                     while let Ok(n) = socks[i].recv_batch(&mut recv) {
                         got += (0..n)
                             .filter_map(|k| recv.datagram(k))
