@@ -362,7 +362,7 @@ fn run(cli: &Cli, readiness: &mut daemonize::Readiness) -> Result<(), String> {
     let workers = cli
         .workers
         .map(usize::from)
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+        .unwrap_or_else(wirelane_dataplane::threads::cpus);
     // Everything that needs privileges, before they are dropped: the interfaces, and
     // the rtnetlink monitor that hears every namespace.
     let opts = TunnelOptions {
@@ -505,7 +505,7 @@ fn main() -> ExitCode {
         };
     }
     init_logging(&cli);
-    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    let cores = wirelane_dataplane::threads::cpus();
     if wirelane_io::memory::limit_allocator_arenas(cores) {
         tracing::debug!("allocator arenas capped at {cores}, one per core");
     }

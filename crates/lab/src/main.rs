@@ -630,7 +630,9 @@ fn main() -> ExitCode {
             *size,
             *seconds,
             *repeats,
-            (*batch, *segments, *offered_gbit),
+            *batch,
+            *segments,
+            *offered_gbit,
         ),
         Cmd::Model { cmd } => {
             quiet_on_broken_pipe();
@@ -746,7 +748,9 @@ fn send_floor(
     size: usize,
     seconds: f64,
     repeats: usize,
-    (batch, segments, gbit): (usize, Option<usize>, Option<f64>),
+    batch: usize,
+    segments: Option<usize>,
+    gbit: Option<f64>,
 ) -> Result<()> {
     use wirelane_lab::star::send_floor::{measure, Floor};
     if !(1..=100).contains(&repeats) {

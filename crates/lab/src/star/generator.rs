@@ -15,7 +15,7 @@
 
 use super::emulated::{EmulatedPeer, Heard, Session};
 use super::inner::{self, Stamp};
-use super::readiness::Readiness;
+use super::readiness::{Readiness, MAX_EVENTS};
 use crate::hist::Histogram;
 use crate::workload::udp::SeqTracker;
 use crate::Result;
@@ -33,8 +33,6 @@ pub const MTU: usize = 1420;
 /// How long the transmit-direction receiver sleeps after finding no datagram: at 10
 /// Gbit/s to one peer, 170 packets, far inside each socket's 7 MiB buffer.
 const RECEIVE_POLL: Duration = Duration::from_micros(200);
-/// Ready sockets one poll reports at most.
-const POLL_EVENTS: usize = 256;
 
 pub struct Generator {
     pub peers: Vec<EmulatedPeer>,
@@ -196,7 +194,7 @@ impl Generator {
             return Err(format!("at most {MAX_PEERS} emulated peers").into());
         }
         ensure_descriptors(peers.len())?;
-        let ready = Readiness::new(POLL_EVENTS)?;
+        let ready = Readiness::new()?;
         let mut socks = Vec::with_capacity(peers.len());
         for i in 0..peers.len() {
             let port = FIRST_PORT + i as u16;
@@ -229,7 +227,7 @@ impl Generator {
         batch: &mut RecvBatch,
         each: &mut dyn FnMut(&mut Generator, usize, &[u8]),
     ) -> Result<usize> {
-        let mut peers = [0usize; POLL_EVENTS];
+        let mut peers = [0usize; MAX_EVENTS];
         let mut n = 0;
         for (slot, peer) in peers.iter_mut().zip(self.ready.poll(timeout_ms)?) {
             *slot = peer;

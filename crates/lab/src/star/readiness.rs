@@ -10,14 +10,17 @@
 use crate::Result;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
+/// Ready sockets one poll reports at most.
+pub const MAX_EVENTS: usize = 256;
+
 pub struct Readiness {
     epoll: OwnedFd,
     events: Vec<libc::epoll_event>,
 }
 
 impl Readiness {
-    /// An empty set that reports up to `max_events` ready sockets per poll.
-    pub fn new(max_events: usize) -> Result<Readiness> {
+    /// An empty set that reports up to [`MAX_EVENTS`] ready sockets per poll.
+    pub fn new() -> Result<Readiness> {
         // SAFETY: epoll_create1 has no memory preconditions; the result is checked.
         let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
         if fd < 0 {
@@ -26,7 +29,7 @@ impl Readiness {
         Ok(Readiness {
             // SAFETY: fd is a fresh descriptor we own.
             epoll: unsafe { OwnedFd::from_raw_fd(fd) },
-            events: vec![libc::epoll_event { events: 0, u64: 0 }; max_events.max(1)],
+            events: vec![libc::epoll_event { events: 0, u64: 0 }; MAX_EVENTS],
         })
     }
 

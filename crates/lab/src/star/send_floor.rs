@@ -110,7 +110,7 @@ pub fn measure(
     let receiver = {
         let (stop, received) = (stop.clone(), received.clone());
         in_ns(&b.name, move || -> Result<()> {
-            let mut ready = Readiness::new(256)?;
+            let mut ready = Readiness::new()?;
             let socks = (0..peers)
                 .map(|i| {
                     let addr = SocketAddr::new(RECEIVER.parse()?, BASE_PORT + i as u16);
