@@ -468,6 +468,16 @@ pub fn start_many(which: Impl, ns: &Netns, n: usize) -> Result<Vec<Daemon>> {
     start_wirelane(which, ns, &names, &[])
 }
 
+/// Starts `n` tunnel ends in `ns`: wirelane serves them all from one process (one pool
+/// of workers); the others run one process per tunnel, as their users must.
+pub fn start_tunnels(which: Impl, ns: &Netns, n: usize) -> Result<Vec<Daemon>> {
+    if which.is_wirelane() {
+        start_many(which, ns, n)
+    } else {
+        (0..n).map(|_| start(which, ns)).collect()
+    }
+}
+
 /// Starts one wirelane process (in the foreground, as the lab's child) in `ns`,
 /// serving interfaces `names`, with `extra` arguments.
 pub fn start_wirelane(
@@ -602,13 +612,7 @@ impl Tunnel {
         let n = bed.links.len();
         let mut ends: Vec<Vec<Daemon>> = Vec::new();
         for host in [&bed.hosts[first.a], &bed.hosts[first.b]] {
-            ends.push(if which.is_wirelane() {
-                start_many(which, &host.ns, n)?
-            } else {
-                (0..n)
-                    .map(|_| start(which, &host.ns))
-                    .collect::<Result<_>>()?
-            });
+            ends.push(start_tunnels(which, &host.ns, n)?);
         }
         let mut pairs = Vec::new();
         for (t, link) in bed.links.iter().enumerate() {

@@ -117,6 +117,9 @@ pub enum WorkloadSpec {
         light_peers: usize,
         #[serde(default = "one_mbit")]
         light_mbit: f64,
+        /// Tunnels on the gateway to spread the peers over (`StarSpec::tunnels`).
+        #[serde(default = "one")]
+        tunnels: Vec<usize>,
     },
 }
 
@@ -206,6 +209,8 @@ pub enum Cell {
         light_peers: usize,
         #[serde(default = "one_mbit")]
         light_mbit: f64,
+        #[serde(default = "one_tunnel")]
+        tunnels: usize,
     },
 }
 
@@ -223,6 +228,7 @@ impl Cell {
             sink,
             light_peers,
             light_mbit,
+            tunnels,
         } = *self
         else {
             return None;
@@ -243,6 +249,7 @@ impl Cell {
             light_peers,
             light_mbit,
             rekey_after_s: None,
+            tunnels,
         })
     }
 
@@ -267,7 +274,7 @@ impl Cell {
     /// Tunnels the cell runs over at once.
     pub fn tunnels(&self) -> usize {
         match self {
-            Cell::Tcp { tunnels, .. } => *tunnels,
+            Cell::Tcp { tunnels, .. } | Cell::Star { tunnels, .. } => *tunnels,
             _ => 1,
         }
     }
@@ -358,9 +365,13 @@ impl Cell {
                 sink,
                 light_peers,
                 light_mbit,
+                tunnels,
             } => {
                 let load = offered_gbit.map_or("unlimited".into(), |g| format!("{g}Gbit/s"));
                 let mut id = format!("star:{peers} {way} {load}");
+                if *tunnels > 1 {
+                    id.push_str(&format!(" over {tunnels} tunnels"));
+                }
                 if *size != 1420 {
                     id.push_str(&format!(" {size}B"));
                 }
@@ -496,11 +507,15 @@ impl Matrix {
                     sink,
                     light_peers,
                     light_mbit,
+                    tunnels,
                 } => {
                     if !handshake_rate.is_finite() || *handshake_rate < 0.0 {
                         return Err("matrix: star handshake_rate must be 0 or more".into());
                     }
-                    for &n in peers {
+                    for (&n, &t) in peers
+                        .iter()
+                        .flat_map(|n| tunnels.iter().map(move |t| (n, t)))
+                    {
                         for &way in direction {
                             for &offered in offered_gbit {
                                 if offered.is_some_and(|g| !(g.is_finite() && g > 0.0)) {
@@ -517,6 +532,7 @@ impl Matrix {
                                     sink: *sink,
                                     light_peers: *light_peers,
                                     light_mbit: *light_mbit,
+                                    tunnels: t,
                                 });
                             }
                         }

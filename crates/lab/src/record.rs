@@ -91,9 +91,7 @@ impl RunRecord {
     /// 1 when all carried the same, 1/n when one carried everything.
     pub fn jain_fairness(&self) -> Option<f64> {
         let xs: Vec<f64> = self.tcp.iter().map(|t| t.goodput_bps).collect();
-        let sum: f64 = xs.iter().sum();
-        let sq: f64 = xs.iter().map(|x| x * x).sum();
-        (xs.len() > 1 && sq > 0.0).then(|| sum * sum / (xs.len() as f64 * sq))
+        crate::stats::jain(&xs)
     }
 
     /// Total TCP goodput over all directions.

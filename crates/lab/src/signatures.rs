@@ -19,6 +19,22 @@ pub fn snapshot(ifname: &str) -> Result<Snapshot> {
     uapi::stats(ifname)
 }
 
+/// Reads the counters of several interfaces one wirelane process serves, as one: the
+/// interfaces' own counters summed, the process's (its threads, its worker count)
+/// once.
+pub fn snapshot_tunnels(ifnames: &[String]) -> Result<Snapshot> {
+    let mut all = Snapshot::new();
+    for (k, name) in ifnames.iter().enumerate() {
+        for (key, v) in snapshot(name)? {
+            let process_wide = key.starts_with("thread.") || key == "workers";
+            if k == 0 || !process_wide {
+                *all.entry(key).or_default() += v;
+            }
+        }
+    }
+    Ok(all)
+}
+
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct ThreadSig {
     pub name: String,

@@ -47,6 +47,15 @@ pub fn pct_change(old: f64, new: f64) -> Option<f64> {
     (old != 0.0).then(|| (new - old) / old * 100.0)
 }
 
+/// Jain's fairness index over `xs` (what each of several shares carried): 1 when all
+/// carried the same, 1/n when one carried everything; None for fewer than two, or
+/// nothing carried.
+pub fn jain(xs: &[f64]) -> Option<f64> {
+    let sum: f64 = xs.iter().sum();
+    let sq: f64 = xs.iter().map(|x| x * x).sum();
+    (xs.len() > 1 && sq > 0.0).then(|| sum * sum / (xs.len() as f64 * sq))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -30,6 +30,7 @@ fn spec50(way: Way, pps: f64, storm_peers: usize, family: Family, sink: SinkKind
         light_peers: 0,
         light_mbit: 0.0,
         rekey_after_s: None,
+        tunnels: 1,
     }
 }
 
@@ -193,6 +194,52 @@ fn star_50_light_peers_are_counted_and_timed_apart() {
         light.delay_p99_us.is_some() && rec.delay_p99_us.is_some(),
         "{rec:?}"
     );
+}
+
+/// The 50 peers spread over 3 tunnels of one wirelane process (dual-stack receive,
+/// IPv4 transmit) and over 2 wireguard-go processes: every packet arrives once, in
+/// order and intact, on the tunnel of its peer, and each tunnel carries its share.
+#[test]
+fn star_50_over_several_tunnels_is_whole_on_each() {
+    for (implementation, tunnels, way, family) in [
+        ("wirelane", 3, Way::Rx, Family::Dual),
+        ("wirelane", 3, Way::Tx, Family::Ipv4),
+        ("wireguard-go", 2, Way::Tx, Family::Ipv4),
+    ] {
+        // SAFETY: geteuid has no preconditions.
+        assert_eq!(unsafe { libc::geteuid() }, 0, "the lab needs root");
+        let spec = StarSpec {
+            tunnels,
+            ..spec50(way, 5_000.0, 0, family, SinkKind::Socket)
+        };
+        let rec = run_one(implementation.parse().unwrap(), &spec, 0, 1.0);
+        assert_eq!(rec.error, None, "{implementation}: {rec:?}");
+        assert_eq!(rec.handshake.established, 50, "{:?}", rec.handshake);
+        match way {
+            Way::Rx => assert_received_whole(&rec),
+            Way::Tx => assert_transmitted_whole(&rec),
+        }
+        // Peer i is on tunnel i mod T, and every peer sent the same.
+        let expected: Vec<u64> = (0..tunnels)
+            .map(|t| (50 - t).div_ceil(tunnels) as u64 * rec.delivered / 50)
+            .collect();
+        assert_eq!(rec.tunnel_delivered, expected, "{implementation}");
+        assert!(rec.daemon_threads.is_some_and(|t| t > 0), "{rec:?}");
+    }
+}
+
+/// Bad input: a tunnel count of 0, above 64 or above the peers is refused, before any
+/// namespace.
+#[test]
+fn star_tunnel_counts_out_of_range_are_refused() {
+    for tunnels in [0, 51, 65] {
+        let spec = StarSpec {
+            tunnels,
+            ..spec50(Way::Rx, 5_000.0, 0, Family::Ipv4, SinkKind::Socket)
+        };
+        let err = spec.validate().expect_err("refused").to_string();
+        assert!(err.contains("tunnels must be 1..=64"), "{tunnels}: {err}");
+    }
 }
 
 /// Bad input: the blackhole sink only takes the receive direction.

@@ -69,7 +69,8 @@ fn observe(r: &RunRecord) -> Option<Observation> {
     let star = r.star.as_ref()?;
     let spec = star.spec.as_ref()?;
     let sig = star.signatures.as_ref()?;
-    if r.error.is_some() || star.error.is_some() || sig.packets == 0 {
+    // The model simulates one interface: runs over several tunnels are not its inputs.
+    if r.error.is_some() || star.error.is_some() || sig.packets == 0 || spec.tunnels > 1 {
         return None;
     }
     let Ok(Impl::Wirelane(fl)) = r.implementation.parse::<Impl>() else {

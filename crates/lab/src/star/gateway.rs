@@ -31,14 +31,19 @@ pub struct GatewayCounters {
 }
 
 impl GatewayCounters {
-    pub fn read(ns: &Netns, tun: &str) -> Result<GatewayCounters> {
+    /// The counters of the gateway's tunnels `tuns` (summed) and of its listening
+    /// sockets (tunnel t listens on `GATEWAY_PORT + t`).
+    pub fn read(ns: &Netns, tuns: &[String]) -> Result<GatewayCounters> {
         let stat = |dev: &str, name: &str| format!("/sys/class/net/{dev}/statistics/{name}");
+        let files: Vec<String> = tuns
+            .iter()
+            .flat_map(|t| {
+                ["rx_packets", "rx_bytes", "tx_packets", "tx_dropped"].map(|f| stat(t, f))
+            })
+            .collect();
         let out = ns.run(&format!(
-            "cat {} {} {} {}; cat /proc/net/udp /proc/net/udp6 /proc/net/snmp6",
-            stat(tun, "rx_packets"),
-            stat(tun, "rx_bytes"),
-            stat(tun, "tx_packets"),
-            stat(tun, "tx_dropped"),
+            "cat {}; cat /proc/net/udp /proc/net/udp6 /proc/net/snmp6",
+            files.join(" ")
         ))?;
         let mut lines = out.lines();
         let mut next = || -> Result<u64> {
@@ -47,7 +52,13 @@ impl GatewayCounters {
                 .and_then(|l| l.trim().parse().ok())
                 .ok_or("unreadable interface statistics")?)
         };
-        let (tun_rx, tun_rx_bytes, tun_tx, tun_tx_dropped) = (next()?, next()?, next()?, next()?);
+        let (mut tun_rx, mut tun_rx_bytes, mut tun_tx, mut tun_tx_dropped) = (0, 0, 0, 0);
+        for _ in tuns {
+            tun_rx += next()?;
+            tun_rx_bytes += next()?;
+            tun_tx += next()?;
+            tun_tx_dropped += next()?;
+        }
         let snmp6 = |name: &str| -> Result<u64> {
             Ok(out
                 .lines()
@@ -55,12 +66,15 @@ impl GatewayCounters {
                 .ok_or_else(|| format!("no {name} in /proc/net/snmp6"))?)
         };
         let (ip6_in, ip6_in_bytes) = (snmp6("Ip6InReceives")?, snmp6("Ip6InOctets")?);
-        let port = format!(":{GATEWAY_PORT:04X}");
+        let ports: Vec<String> = (0..tuns.len())
+            .map(|t| format!(":{:04X}", GATEWAY_PORT as usize + t))
+            .collect();
         let listen_drops = out
             .lines()
             .filter_map(|l| {
                 let f: Vec<&str> = l.split_whitespace().collect();
-                (f.len() > 12 && f[1].ends_with(&port)).then(|| f.last()?.parse::<u64>().ok())?
+                let ours = f.len() > 12 && ports.iter().any(|p| f[1].ends_with(p));
+                ours.then(|| f.last()?.parse::<u64>().ok())?
             })
             .sum();
         Ok(GatewayCounters {
@@ -106,74 +120,110 @@ impl GatewayCounters {
     }
 }
 
-/// Gives the gateway its key, the N peers (each its inner /32, /128 or both, as
-/// `family` says) by `wg setconf`, its inner addresses and routes to the peers'
-/// prefixes. With `blackhole`, the blackhole sink's addresses are routed to nowhere
+/// Gives each of the gateway's tunnels `tuns` its key (`privates[t]`), its listening
+/// port (`GATEWAY_PORT + t`) and its peers (peer i on tunnel i mod T, each with its
+/// inner /32, /128 or both, as `family` says) by `wg setconf`, the gateway's inner
+/// addresses, and routes to the peers: one route to the peers' prefix with one tunnel,
+/// a route per peer to its tunnel with several (as `wg-quick` routes each peer's
+/// AllowedIPs). With `blackhole`, the blackhole sink's addresses are routed to nowhere
 /// and the namespace forwards: the kernel then drops what the gateway writes to them
 /// silently after one route lookup (without forwarding, it would answer each with an
 /// ICMP error back into the tunnel).
 pub fn configure_gateway(
     ns: &Netns,
-    tun: &str,
-    private: &[u8; 32],
+    tuns: &[String],
+    privates: &[[u8; 32]],
     peers: &[EmulatedPeer],
     family: inner::Family,
     blackhole: bool,
 ) -> Result<()> {
-    let mut conf = format!(
-        "[Interface]\nPrivateKey = {}\nListenPort = {GATEWAY_PORT}\n",
-        wirelane_proto::base64_key(private)
-    );
-    for (i, p) in peers.iter().enumerate() {
-        let mut allowed = Vec::new();
+    let n = tuns.len();
+    let mut routes = String::new();
+    let mut script = Vec::new();
+    for (t, (tun, private)) in tuns.iter().zip(privates).enumerate() {
+        let mut conf = format!(
+            "[Interface]\nPrivateKey = {}\nListenPort = {}\n",
+            wirelane_proto::base64_key(private),
+            GATEWAY_PORT as usize + t
+        );
+        for (i, p) in peers.iter().enumerate().skip(t).step_by(n) {
+            let mut allowed = Vec::new();
+            if family.has_v4() {
+                allowed.push(format!("{}/32", inner::peer_inner(i)));
+                if n > 1 {
+                    routes.push_str(&format!(
+                        "route add {}/32 dev {tun}\n",
+                        inner::peer_inner(i)
+                    ));
+                }
+            }
+            if family.has_v6() {
+                allowed.push(format!("{}/128", inner::peer_inner6(i)));
+                if n > 1 {
+                    // A batch line takes no family option; the address says it.
+                    routes.push_str(&format!(
+                        "route add {}/128 dev {tun}\n",
+                        inner::peer_inner6(i)
+                    ));
+                }
+            }
+            conf.push_str(&format!(
+                "\n[Peer]\nPublicKey = {}\nAllowedIPs = {}\n",
+                wirelane_proto::base64_key(&p.public()),
+                allowed.join(", ")
+            ));
+        }
+        let path = std::env::temp_dir().join(format!("{tun}-star.conf"));
+        std::fs::write(&path, conf)?;
+        script.push(format!("wg setconf {tun} {}", path.display()));
+        if family.has_v6() {
+            // Before the link is up: no router solicitations into the tunnel, whose
+            // packets the transmit direction's counters would take for the load's.
+            script.push(format!(
+                "sysctl -qw net.ipv6.conf.{tun}.router_solicitations=0 \
+                 net.ipv6.conf.{tun}.accept_ra=0"
+            ));
+        }
+        script.push(format!("ip link set {tun} up"));
+        // Every tunnel has the gateway's inner addresses, as each of a concentrator's
+        // interfaces would: the sink's, and the transmit sender's source.
         if family.has_v4() {
-            allowed.push(format!("{}/32", inner::peer_inner(i)));
+            script.push(format!("ip addr add {}/32 dev {tun}", inner::GATEWAY_INNER));
+            if n == 1 {
+                script.push(format!("ip route add {} dev {tun}", inner::PEERS_PREFIX));
+            }
         }
         if family.has_v6() {
-            allowed.push(format!("{}/128", inner::peer_inner6(i)));
+            script.push(format!(
+                "ip -6 addr add {}/128 dev {tun} nodad",
+                inner::GATEWAY_INNER6
+            ));
+            if n == 1 {
+                script.push(format!(
+                    "ip -6 route add {} dev {tun}",
+                    inner::PEERS6_PREFIX
+                ));
+            }
         }
-        conf.push_str(&format!(
-            "\n[Peer]\nPublicKey = {}\nAllowedIPs = {}\n",
-            wirelane_proto::base64_key(&p.public()),
-            allowed.join(", ")
-        ));
     }
-    let path = std::env::temp_dir().join(format!("{tun}-star.conf"));
-    std::fs::write(&path, conf)?;
-    let mut script = format!("wg setconf {tun} {}", path.display());
-    if family.has_v6() {
-        // Before the link is up: no router solicitations into the tunnel, whose
-        // packets the transmit direction's counters would take for the load's.
-        script.push_str(&format!(
-            " && sysctl -qw net.ipv6.conf.{tun}.router_solicitations=0 \
-             net.ipv6.conf.{tun}.accept_ra=0"
-        ));
-    }
-    script.push_str(&format!(" && ip link set {tun} up"));
-    if family.has_v4() {
-        script.push_str(&format!(
-            " && ip addr add {}/32 dev {tun} && ip route add {} dev {tun}",
-            inner::GATEWAY_INNER,
-            inner::PEERS_PREFIX
-        ));
-    }
-    if family.has_v6() {
-        script.push_str(&format!(
-            " && ip -6 addr add {}/128 dev {tun} nodad && ip -6 route add {} dev {tun}",
-            inner::GATEWAY_INNER6,
-            inner::PEERS6_PREFIX
-        ));
+    let routes_path = std::env::temp_dir().join(format!("{}-star.routes", tuns[0]));
+    if n > 1 {
+        std::fs::write(&routes_path, routes)?;
+        script.push(format!("ip -batch {}", routes_path.display()));
     }
     if blackhole {
-        script.push_str(&format!(
-            " && sysctl -qw net.ipv4.conf.all.forwarding=1 net.ipv6.conf.all.forwarding=1 \
+        script.push(format!(
+            "sysctl -qw net.ipv4.conf.all.forwarding=1 net.ipv6.conf.all.forwarding=1 \
              && ip route add blackhole {}/32 && ip -6 route add blackhole {}/128",
             inner::BLACKHOLE_INNER,
             inner::BLACKHOLE_INNER6
         ));
     }
-    let r = ns.run(&script);
-    let _ = std::fs::remove_file(&path);
+    let r = ns.run(&script.join(" && "));
+    for tun in tuns {
+        let _ = std::fs::remove_file(std::env::temp_dir().join(format!("{tun}-star.conf")));
+    }
+    let _ = std::fs::remove_file(&routes_path);
     r?;
     Ok(())
 }

@@ -38,7 +38,8 @@ pub struct Generator {
     pub peers: Vec<EmulatedPeer>,
     socks: Vec<UdpSocket>,
     ready: Readiness,
-    gateway: SocketAddr,
+    /// Each peer's endpoint: the gateway's address and the port of the peer's tunnel.
+    gateways: Vec<SocketAddr>,
     /// The generator's monotonic clock origin (cookie ages, keypair birth).
     base: Instant,
 }
@@ -184,16 +185,17 @@ impl Generator {
     /// Binds one socket per peer, in the calling thread's namespace, and registers
     /// them for readiness: peer i on port FIRST_PORT + i, at address `source(i)` when
     /// given (each peer its own host, as a gateway's clients are), else at the
-    /// wildcard (all peers behind one address).
+    /// wildcard (all peers behind one address); peer i sends to `gateway(i)`.
     pub fn new(
         peers: Vec<EmulatedPeer>,
-        gateway: SocketAddr,
+        gateway: &dyn Fn(usize) -> SocketAddr,
         source: Option<&dyn Fn(usize) -> std::net::Ipv4Addr>,
     ) -> Result<Generator> {
         if peers.len() > MAX_PEERS {
             return Err(format!("at most {MAX_PEERS} emulated peers").into());
         }
         ensure_descriptors(peers.len())?;
+        let peers_len = peers.len();
         let ready = Readiness::new()?;
         let mut socks = Vec::with_capacity(peers.len());
         for i in 0..peers.len() {
@@ -210,7 +212,7 @@ impl Generator {
             peers,
             socks,
             ready,
-            gateway,
+            gateways: (0..peers_len).map(gateway).collect(),
             base: Instant::now(),
         })
     }
@@ -262,7 +264,7 @@ impl Generator {
         let since = self.since(now);
         let msg = self.peers[i].initiation(now, since, wall);
         // A full send buffer loses this initiation; the retry timer covers it.
-        let _ = self.socks[i].send_to(&msg, &self.gateway);
+        let _ = self.socks[i].send_to(&msg, &self.gateways[i]);
     }
 
     /// Every peer initiates, `rate` per second (None: all at once), until all have a
@@ -337,7 +339,7 @@ impl Generator {
     /// once it has heard on it. Nothing before the first handshake.
     fn confirm(&mut self, i: usize) -> Result<()> {
         if let Some(msg) = self.peers[i].keepalive() {
-            self.socks[i].send_to(&msg, &self.gateway)?;
+            self.socks[i].send_to(&msg, &self.gateways[i])?;
         }
         Ok(())
     }
@@ -446,14 +448,14 @@ impl Generator {
                 && sock.send_segmented(
                     &[bytes],
                     sealed.outer_len as u16,
-                    &self.gateway,
+                    &self.gateways[peer],
                     None,
                     NOT_ECT,
                 )?;
             if !segmented {
                 let msgs: Vec<(&[u8], SocketAddr)> = bytes
                     .chunks_exact(sealed.outer_len)
-                    .map(|m| (m, self.gateway))
+                    .map(|m| (m, self.gateways[peer]))
                     .collect();
                 sock.send_batch(&msgs, None, NOT_ECT)?;
             }
@@ -529,7 +531,7 @@ impl Generator {
                     }
                     // A full send buffer loses the response; the gateway retries.
                     Heard::Answer(response) => {
-                        let _ = g.socks[peer].send_to(&response, &g.gateway);
+                        let _ = g.socks[peer].send_to(&response, &g.gateways[peer]);
                         return;
                     }
                     // A cookie reply answers our last initiation: again, with mac2.

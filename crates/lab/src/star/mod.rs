@@ -23,7 +23,7 @@ pub mod spec;
 pub mod storm;
 
 use crate::cpu;
-use crate::impls::{start, Impl};
+use crate::impls::{start_tunnels, Impl};
 use crate::netns::{unique, Netns};
 use crate::Result;
 use emulated::EmulatedPeer;
@@ -40,9 +40,14 @@ const GATEWAY_OUTER: Ipv4Addr = Ipv4Addr::new(192, 168, 90, 1);
 const GENERATOR_OUTER: &str = "192.168.90.2/24";
 const GATEWAY_PORT: u16 = 51820;
 
-/// The gateway's outer address, as the generators send to it.
-fn gateway_addr() -> SocketAddr {
-    SocketAddr::new(IpAddr::V4(GATEWAY_OUTER), GATEWAY_PORT)
+/// Peer `i`'s endpoint, as the generators send to it: the gateway's outer address, at
+/// the port of the peer's tunnel (i mod `tunnels`; tunnel t listens on
+/// `GATEWAY_PORT + t`).
+fn endpoint(i: usize, tunnels: usize) -> SocketAddr {
+    SocketAddr::new(
+        IpAddr::V4(GATEWAY_OUTER),
+        GATEWAY_PORT + (i % tunnels.max(1)) as u16,
+    )
 }
 /// The peers' own outer addresses: routed to the generator, which takes the whole
 /// prefix as local (an AnyIP route) so each peer's socket can bind its own.
@@ -83,6 +88,14 @@ pub struct StarRecord {
     pub duplicates: u64,
     pub corrupted: u64,
     pub misdelivered: u64,
+    /// Packets delivered per tunnel, with several (peer i's on tunnel i mod T); empty
+    /// with one tunnel or the blackhole sink, which counts no peer.
+    #[serde(default)]
+    pub tunnel_delivered: Vec<u64>,
+    /// Threads of the daemon's processes at the phase's end (one process for
+    /// wirelane, one per tunnel for the others).
+    #[serde(default)]
+    pub daemon_threads: Option<usize>,
     /// Transmit: messages opened, and those that did not hold their peer's packet.
     pub sampled: u64,
     pub sample_bad: u64,
@@ -224,23 +237,35 @@ fn measure(which: Impl, spec: &StarSpec, rec: &mut StarRecord) -> Result<()> {
         GENERATOR_OUTER.split('/').next().unwrap_or_default()
     ))?;
 
-    let daemon = start(which, &gw)?;
-    let tun = daemon.ifname.clone();
-    let mut private = [0u8; 32];
-    rand_core::RngCore::fill_bytes(&mut rand_core::OsRng, &mut private);
-    let gateway_key = wirelane_proto::LocalIdentity::new(private);
+    let tunnels = spec.tunnels;
+    let daemons = start_tunnels(which, &gw, tunnels)?;
+    let tuns: Vec<String> = daemons.iter().map(|d| d.ifname.clone()).collect();
+    let mut pids: Vec<u32> = daemons.iter().filter_map(|d| d.pid).collect();
+    pids.dedup();
+    // Each tunnel its own key, as a concentrator's interfaces have.
+    let privates: Vec<[u8; 32]> = (0..tunnels)
+        .map(|_| {
+            let mut private = [0u8; 32];
+            rand_core::RngCore::fill_bytes(&mut rand_core::OsRng, &mut private);
+            private
+        })
+        .collect();
+    let publics: Vec<[u8; 32]> = privates
+        .iter()
+        .map(|p| wirelane_proto::LocalIdentity::new(*p).public)
+        .collect();
     let mut peers: Vec<EmulatedPeer> = (0..spec.peers + spec.storm_peers)
-        .map(|i| EmulatedPeer::new(i, &gateway_key.public))
+        .map(|i| EmulatedPeer::new(i, &publics[i % tunnels]))
         .collect();
     let blackhole = spec.sink == sink::SinkKind::Blackhole;
-    configure_gateway(&gw, &tun, &private, &peers, spec.family, blackhole)?;
+    configure_gateway(&gw, &tuns, &privates, &peers, spec.family, blackhole)?;
     // Both generators' sockets, before either binds any.
     generator::ensure_descriptors(spec.peers + spec.storm_peers)?;
     let storm = (spec.storm_peers > 0).then(|| {
         let storm_peers = peers.split_off(spec.peers);
         let limit =
             Duration::from_secs(30) + Duration::from_secs_f64(spec.storm_peers as f64 / 500.0);
-        storm::spawn(&gen.name, spec.peers, storm_peers, limit)
+        storm::spawn(&gen.name, spec.peers, tunnels, storm_peers, limit)
     });
 
     // The sink (receive) listens before any traffic.
@@ -249,18 +274,18 @@ fn measure(which: Impl, spec: &StarSpec, rec: &mut StarRecord) -> Result<()> {
     let limit = Duration::from_secs_f64(spec.seconds) + Duration::from_secs(30);
     let sink = (spec.way == Way::Rx).then(|| {
         let (ready_tx, ready_rx) = mpsc::channel();
-        let (t0, stop, n, paced, family, tun) = (
+        let (t0, stop, n, paced, family, tuns) = (
             t0.clone(),
             stop.clone(),
             spec.peers,
             spec.offered_pps.is_some(),
             spec.family,
-            tun.clone(),
+            tuns.clone(),
         );
         let quiet = Duration::from_millis(300);
         let light_from = spec.heavy_peers();
         let h = crate::workload::in_ns(&gw.name, move || match blackhole {
-            true => sink::count_blackholed(&tun, stop, quiet, limit, ready_tx),
+            true => sink::count_blackholed(&tuns, stop, quiet, limit, ready_tx),
             false => sink::sink(
                 n, light_from, family, paced, t0, stop, quiet, limit, ready_tx,
             ),
@@ -280,10 +305,10 @@ fn measure(which: Impl, spec: &StarSpec, rec: &mut StarRecord) -> Result<()> {
     let gen_spec = spec.clone();
     let gen_stop = stop.clone();
     let generator = crate::workload::in_ns(&gen.name, move || -> Result<GeneratorOutcome> {
-        let gateway = gateway_addr();
+        let gateway = |i: usize| endpoint(i, gen_spec.tunnels);
         let source =
             (!gen_spec.shared_source).then_some(&peer_source as &dyn Fn(usize) -> Ipv4Addr);
-        let mut g = Generator::new(peers, gateway, source)?;
+        let mut g = Generator::new(peers, &gateway, source)?;
         let limit =
             Duration::from_secs(30) + Duration::from_secs_f64(gen_spec.peers as f64 / 500.0);
         let hs = g.handshake(gen_spec.handshake_rate, limit)?;
@@ -375,19 +400,18 @@ fn measure(which: Impl, spec: &StarSpec, rec: &mut StarRecord) -> Result<()> {
     // Let the keepalives land, so the gateway may send on every session.
     std::thread::sleep(Duration::from_millis(300));
 
-    let pid = daemon.pid;
-    let threads_before = pid.map(cpu::read_threads);
+    let threads_before: Vec<_> = pids.iter().map(|&p| cpu::read_threads(p)).collect();
     let cores_before = cpu::read_cores();
-    let counters_before = GatewayCounters::read(&gw, &tun)?;
+    let counters_before = GatewayCounters::read(&gw, &tuns)?;
     // wirelane's own counters (its execution-order signatures and queue figures).
     let sigs_before = which
         .is_wirelane()
-        .then(|| crate::signatures::snapshot(&tun).ok())
+        .then(|| crate::signatures::snapshot_tunnels(&tuns).ok())
         .flatten();
     let start = Instant::now() + Duration::from_millis(20);
     let _ = t0.set(start);
     let _ = go_tx.send(Some(start));
-    let rss_sampler = pid.map(|pid| sample_rss(pid, start, stop.clone()));
+    let rss_sampler = (!pids.is_empty()).then(|| sample_rss(pids.clone(), start, stop.clone()));
     if let Some((_, go)) = &storm {
         let _ = go.send(Some(start));
     }
@@ -412,9 +436,9 @@ fn measure(which: Impl, spec: &StarSpec, rec: &mut StarRecord) -> Result<()> {
         Some((h, _)) => Some(crate::workload::join(h)?),
         None => None,
     };
-    let counters = GatewayCounters::read(&gw, &tun)?.since(&counters_before);
+    let counters = GatewayCounters::read(&gw, &tuns)?.since(&counters_before);
     if let Some(before) = &sigs_before {
-        if let Ok(after) = crate::signatures::snapshot(&tun) {
+        if let Ok(after) = crate::signatures::snapshot_tunnels(&tuns) {
             rec.signatures = Some(crate::signatures::Signatures::between(
                 "gateway", before, &after,
             ));
@@ -424,13 +448,20 @@ fn measure(which: Impl, spec: &StarSpec, rec: &mut StarRecord) -> Result<()> {
     if let Some(h) = rss_sampler {
         rec.rss_kib_each_s = h.join().unwrap_or_default();
     }
-    if let (Some(pid), Some(before)) = (pid, &threads_before) {
-        let after = cpu::read_threads(pid);
-        rec.daemon_cpu_s = cpu::thread_deltas(&which.name(), before, &after)
-            .iter()
-            .map(|t| t.cpu_s)
-            .sum();
-        rec.peak_rss_kib = cpu::peak_rss_kib(pid);
+    if !pids.is_empty() {
+        let mut threads = 0;
+        for (&pid, before) in pids.iter().zip(&threads_before) {
+            let after = cpu::read_threads(pid);
+            threads += after.len();
+            rec.daemon_cpu_s += cpu::thread_deltas(&which.name(), before, &after)
+                .iter()
+                .map(|t| t.cpu_s)
+                .sum::<f64>();
+        }
+        rec.daemon_threads = Some(threads);
+        // With a process per tunnel, the sum of their peaks: they run the same load
+        // at once, so it overstates their joint peak by little.
+        rec.peak_rss_kib = pids.iter().map(|&p| cpu::peak_rss_kib(p)).sum();
     }
     rec.core_busy = cpu::core_splits(&cores_before, &cores_after)
         .iter()
@@ -472,6 +503,9 @@ fn measure(which: Impl, spec: &StarSpec, rec: &mut StarRecord) -> Result<()> {
             rec.duplicates = s.duplicates;
             rec.corrupted = s.corrupted;
             rec.misdelivered = s.misdelivered;
+            if !blackhole {
+                rec.tunnel_delivered = per_tunnel(&s.per_peer, tunnels);
+            }
             [rec.delay_p50_us, rec.delay_p99_us, rec.delay_p999_us] = quantiles_us(&s.delay);
             if let Some((l, _)) = &light {
                 let [p50, p99, p999] = quantiles_us(&s.light_delay);
@@ -493,6 +527,7 @@ fn measure(which: Impl, spec: &StarSpec, rec: &mut StarRecord) -> Result<()> {
             rec.seconds = end.saturating_duration_since(start).as_secs_f64();
             rec.sent = inner.packets;
             rec.delivered = r.packets;
+            rec.tunnel_delivered = per_tunnel(&r.per_peer, tunnels);
             rec.lost_in_gateway = counters.tun_tx.saturating_sub(r.packets);
             rec.gateway_socket_drops = counters.tun_tx_dropped;
             rec.duplicates = r.duplicates;
@@ -511,14 +546,27 @@ fn measure(which: Impl, spec: &StarSpec, rec: &mut StarRecord) -> Result<()> {
     if bytes > 0.0 && rec.daemon_cpu_s > 0.0 {
         rec.cpu_s_per_gb = Some(rec.daemon_cpu_s / (bytes / 1e9));
     }
-    drop(daemon);
+    drop(daemons);
     Ok(())
 }
 
-/// Reads the daemon's resident set once a second from `start` until `stop`: whether
-/// memory grows under a long overload is the series' slope, not its peak.
+/// `per_peer` summed per tunnel (peer i's on tunnel i mod `tunnels`); empty with one.
+fn per_tunnel(per_peer: &[u64], tunnels: usize) -> Vec<u64> {
+    if tunnels < 2 {
+        return Vec::new();
+    }
+    let mut out = vec![0; tunnels];
+    for (i, n) in per_peer.iter().enumerate() {
+        out[i % tunnels] += n;
+    }
+    out
+}
+
+/// Reads the daemon's resident set (summed over its processes `pids`) once a second
+/// from `start` until `stop`: whether memory grows under a long overload is the
+/// series' slope, not its peak.
 fn sample_rss(
-    pid: u32,
+    pids: Vec<u32>,
     start: Instant,
     stop: Arc<AtomicBool>,
 ) -> std::thread::JoinHandle<Vec<u64>> {
@@ -532,9 +580,9 @@ fn sample_rss(
                 std::thread::sleep((next - now).min(Duration::from_millis(100)));
                 continue;
             }
-            match cpu::rss_kib(pid) {
+            match pids.iter().map(|&p| cpu::rss_kib(p)).sum::<Option<u64>>() {
                 Some(k) => each_s.push(k),
-                None => break, // the daemon is gone
+                None => break, // a daemon is gone
             }
             next += Duration::from_secs(1);
         }
@@ -543,6 +591,12 @@ fn sample_rss(
 }
 
 impl StarRecord {
+    /// Jain's fairness index over what each tunnel delivered; None with one tunnel.
+    pub fn tunnel_fairness(&self) -> Option<f64> {
+        let xs: Vec<f64> = self.tunnel_delivered.iter().map(|&n| n as f64).collect();
+        crate::stats::jain(&xs)
+    }
+
     /// How much the daemon's resident set grew over a phase of two minutes or more:
     /// the largest reading of its last minute less the largest of its first, KiB.
     pub fn rss_growth_kib(&self) -> Option<i64> {

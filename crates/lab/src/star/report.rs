@@ -123,6 +123,8 @@ pub fn table(records: &[StarRecord], cpu: &str) -> String {
             fmt(m(&|r| r.storm_during.as_ref().and_then(|s| s.to_all_s)), 2),
             fmt(m(&|r| Some(r.generator_cores)), 2),
             fmt(m(&|r| crate::cpu::spread(&r.core_busy)), 2),
+            fmt(m(&|r| r.tunnel_fairness()), 3),
+            fmt(m(&|r| r.daemon_threads.map(|t| t as f64)), 0),
         ]);
     }
     markdown_table(
@@ -132,7 +134,10 @@ pub fn table(records: &[StarRecord], cpu: &str) -> String {
              bad samples over all runs; a blackhole sink only counts. With light peers, \
              \"delay\" is the heavy peers'. \"RSS growth\" (phases of 2 minutes or more): \
              the daemon's largest resident set in the phase's last minute less that in its \
-             first."
+             first. Over several tunnels, peer i is on tunnel i mod T, and \"tunnel \
+             fairness\" is Jain's index over what each tunnel delivered. Peak RSS and \
+             daemon threads sum the daemon's processes (one per tunnel, but for \
+             wirelane)."
         ),
         &[
             "cell",
@@ -152,6 +157,8 @@ pub fn table(records: &[StarRecord], cpu: &str) -> String {
             "storm during: all s",
             "generator cores",
             "core spread",
+            "tunnel fairness",
+            "daemon threads",
         ],
         &rows,
     )
@@ -223,6 +230,11 @@ pub struct StarArgs {
     /// whitepaper's 165 s for a receiving initiator).
     #[arg(long)]
     pub rekey_after_s: Option<f64>,
+    /// Tunnels on the gateway to spread the peers over (comma-separated, each
+    /// 1..=64 and at most N): peer i on tunnel i mod T, each tunnel with its own key
+    /// and port. wirelane serves them from one process, the others from one each.
+    #[arg(long, value_delimiter = ',', default_value = "1")]
+    pub tunnels: Vec<usize>,
     /// Output directory (default: lab-results/star-<timestamp>).
     #[arg(long)]
     pub out: Option<std::path::PathBuf>,
@@ -241,7 +253,11 @@ pub fn run_cli(a: &StarArgs) -> Result<()> {
         .collect::<std::result::Result<_, _>>()?;
     let mut cells = Vec::new();
     for &way in &a.direction {
-        for &peers in &a.peers {
+        for (&peers, &tunnels) in a
+            .peers
+            .iter()
+            .flat_map(|p| a.tunnels.iter().map(move |t| (p, t)))
+        {
             // Per-peer loads are the heavy peers'; the light ones have their own.
             let heavy = peers.saturating_sub(a.light_peers).max(1);
             let offered_pps = match (way, a.per_peer_mbit, a.offered_gbit) {
@@ -265,6 +281,7 @@ pub fn run_cli(a: &StarArgs) -> Result<()> {
                 light_peers: a.light_peers,
                 light_mbit: a.light_mbit,
                 rekey_after_s: a.rekey_after_s,
+                tunnels,
             };
             spec.validate()?;
             spec.per_peer()?;
@@ -311,8 +328,9 @@ pub fn run_cli(a: &StarArgs) -> Result<()> {
                 ),
             };
             eprintln!(
-                "[{done}/{total}] {} N={} {}: {what}",
-                s.way, s.peers, r.implementation
+                "[{done}/{total}] {} {}: {what}",
+                s.shape(),
+                r.implementation
             );
         },
     )?;

@@ -64,6 +64,8 @@ pub struct SinkReport {
     pub received: u64,
     /// Packets per peer in order, each once: the unique sequence numbers.
     pub unique: u64,
+    /// Delivered once, intact, per peer.
+    pub per_peer: Vec<u64>,
     pub reordered: u64,
     pub duplicates: u64,
     /// Damaged payloads, and intact ones from another peer's address than their own.
@@ -169,6 +171,7 @@ pub fn sink(
             wait_readable(&socks, 20);
         }
     }
+    r.per_peer = trackers.iter().map(|t| t.unique).collect();
     for (i, t) in trackers.iter().enumerate() {
         if i >= light_from {
             r.light_unique += t.unique;
@@ -211,26 +214,26 @@ fn from_its_peer(src: &SocketAddr, stamp: &Stamp, peers: usize) -> bool {
 }
 
 /// The blackhole sink's clock, on the calling thread (inside the gateway's namespace):
-/// watches the gateway's writes to `tun` from when it announces itself ready on
+/// watches the gateway's writes to its tunnels `tuns` from when it announces itself ready on
 /// `ready` until `stop` is set and they stood still for `quiet`, or `limit`, and
 /// reports when they began and last moved (`first`, `last`), to within the poll
 /// interval (a millisecond against phases of seconds). How many packets those writes
 /// held, the caller counts (`GatewayCounters::tun_rx_packets`).
 pub fn count_blackholed(
-    tun: &str,
+    tuns: &[String],
     stop: Arc<AtomicBool>,
     quiet: Duration,
     limit: Duration,
     ready: std::sync::mpsc::Sender<()>,
 ) -> Result<SinkReport> {
     const POLL: Duration = Duration::from_millis(1);
-    let start = tun_received(tun)?;
+    let start = tun_received(tuns)?;
     let _ = ready.send(());
     let mut r = SinkReport::default();
     let deadline = Instant::now() + limit;
     let mut seen = start;
     while Instant::now() < deadline {
-        let now_count = tun_received(tun)?;
+        let now_count = tun_received(tuns)?;
         let now = Instant::now();
         if now_count != seen {
             seen = now_count;
@@ -244,14 +247,18 @@ pub fn count_blackholed(
     Ok(r)
 }
 
-/// The packets the kernel received from `tun` (what the gateway wrote to it), in the
-/// calling thread's own namespace.
-fn tun_received(tun: &str) -> Result<u64> {
-    crate::workload::udp::net_dev_here()?
-        .into_iter()
-        .find(|(name, _)| name == tun)
-        .and_then(|(_, counters)| counters.get(1).copied())
-        .ok_or_else(|| format!("no receive counter for {tun} in /proc/net/dev").into())
+/// The packets the kernel received from `tuns` (what the gateway wrote to them), in
+/// the calling thread's own namespace.
+fn tun_received(tuns: &[String]) -> Result<u64> {
+    let dev = crate::workload::udp::net_dev_here()?;
+    tuns.iter()
+        .map(|tun| {
+            dev.iter()
+                .find(|(name, _)| name == tun)
+                .and_then(|(_, counters)| counters.get(1).copied())
+                .ok_or_else(|| format!("no receive counter for {tun} in /proc/net/dev").into())
+        })
+        .sum()
 }
 
 #[derive(Debug, Clone, Default)]

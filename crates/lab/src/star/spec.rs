@@ -91,11 +91,23 @@ pub struct StarSpec {
     /// Shorter is still valid protocol; tests use it to rekey within a short phase.
     #[serde(default)]
     pub rekey_after_s: Option<f64>,
+    /// Tunnels (interfaces) on the gateway, the peers spread over them: peer i on tunnel
+    /// i mod T, each tunnel with its own key, listening port and peers. wirelane serves
+    /// them from one process; the others run one process per tunnel, as their users must.
+    #[serde(default = "one_tunnel")]
+    pub tunnels: usize,
 }
 
 fn default_sample_every() -> u64 {
     64
 }
+
+fn one_tunnel() -> usize {
+    1
+}
+
+/// The most tunnels one gateway run spreads its peers over.
+pub const MAX_TUNNELS: usize = 64;
 
 /// What makes runs comparable: direction, N, offered load and whether the
 /// handshakes came as a storm.
@@ -112,15 +124,30 @@ pub struct Shape {
     pub sink: sink::SinkKind,
     /// Light peers among the N, and each one's rate in kbit/s.
     pub light: Option<(usize, u64)>,
+    pub tunnels: usize,
 }
 
 impl Shape {
-    /// Table order: direction, then N, load, storm, family, sink and light peers.
+    /// Table order: direction, then N, tunnels, load, storm, family, sink and light
+    /// peers.
     #[allow(clippy::type_complexity)]
-    pub fn order(&self) -> (u8, usize, u64, bool, usize, u8, u8, Option<(usize, u64)>) {
+    pub fn order(
+        &self,
+    ) -> (
+        u8,
+        usize,
+        usize,
+        u64,
+        bool,
+        usize,
+        u8,
+        u8,
+        Option<(usize, u64)>,
+    ) {
         (
             self.way as u8,
             self.peers,
+            self.tunnels,
             self.offered_pps.unwrap_or(u64::MAX),
             self.storm,
             self.storm_peers,
@@ -134,6 +161,9 @@ impl Shape {
 impl std::fmt::Display for Shape {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{} N={}", self.way, self.peers)?;
+        if self.tunnels > 1 {
+            write!(f, " over {} tunnels", self.tunnels)?;
+        }
         match self.offered_pps {
             Some(p) => write!(f, " {p} pps")?,
             None => f.write_str(" unlimited")?,
@@ -169,6 +199,7 @@ impl StarSpec {
             sink: self.sink,
             light: (self.light_peers > 0)
                 .then(|| (self.light_peers, (self.light_mbit * 1e3).round() as u64)),
+            tunnels: self.tunnels,
         }
     }
 
@@ -251,6 +282,13 @@ impl StarSpec {
                         .into(),
                 );
             }
+        }
+        if !(1..=MAX_TUNNELS).contains(&self.tunnels) || self.tunnels > self.peers {
+            return Err(format!(
+                "star: tunnels must be 1..={MAX_TUNNELS} and at most the peers ({})",
+                self.peers
+            )
+            .into());
         }
         if self.storm_peers > 0 && self.shared_source {
             return Err("star: a storm during the phase needs a source address per peer".into());

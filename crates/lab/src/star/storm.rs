@@ -18,10 +18,12 @@ use std::time::{Duration, Instant};
 
 /// The storm's thread in the generator's namespace `ns`, and the sender that starts it
 /// (None calls it off). Storm peer i sends from the address after the `established`
-/// peers' (`peer_source(established + i)`), so the two generators never share one.
+/// peers' (`peer_source(established + i)`), so the two generators never share one, to
+/// its tunnel among the gateway's `tunnels`.
 pub fn spawn(
     ns: &str,
     established: usize,
+    tunnels: usize,
     peers: Vec<EmulatedPeer>,
     limit: Duration,
 ) -> (
@@ -31,7 +33,8 @@ pub fn spawn(
     let (go_tx, go_rx) = mpsc::channel::<Option<Instant>>();
     let h = crate::workload::in_ns(ns, move || -> Result<Option<HandshakeReport>> {
         let source = move |i: usize| super::peer_source(established + i);
-        let mut g = Generator::new(peers, super::gateway_addr(), Some(&source))?;
+        let gateway = move |i: usize| super::endpoint(established + i, tunnels);
+        let mut g = Generator::new(peers, &gateway, Some(&source))?;
         let Some(t0) = go_rx.recv().ok().flatten() else {
             return Ok(None);
         };
