@@ -5,6 +5,7 @@ pub mod memory;
 pub mod netlink;
 pub mod offload;
 pub mod poll;
+pub mod region;
 pub mod tun;
 pub mod udp;
 

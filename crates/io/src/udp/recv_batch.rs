@@ -1,6 +1,7 @@
 //! The state one `recvmmsg` reuses from call to call.
 
 use super::addr::*;
+use crate::region::Region;
 use std::mem::{size_of, zeroed};
 use std::net::SocketAddr;
 
@@ -8,10 +9,17 @@ use std::net::SocketAddr;
 /// the per-message headers, names and control space that point into them. Allocating
 /// and zeroing those headers on every call cost about 3.5 KiB of calloc per receive.
 ///
-/// Invariant: the headers hold pointers into the other vectors' heap storage, which is
-/// never resized after `new`, so moving a `RecvBatch` keeps them valid.
+/// The buffers are one mapped [`Region`], `count` slots of `size` bytes: a slot takes
+/// resident memory only once a receive has written into it.
+///
+/// Invariant: the headers hold pointers into the region and the other vectors' heap
+/// storage, none of which moves or is resized after `new`, so moving a `RecvBatch`
+/// keeps them valid.
 pub struct RecvBatch {
-    pub(super) bufs: Vec<Vec<u8>>,
+    pub(super) area: Region,
+    /// Bytes per buffer slot.
+    pub(super) size: usize,
+    pub(super) count: usize,
     pub(super) iovs: Vec<libc::iovec>,
     pub(super) names: Vec<libc::sockaddr_storage>,
     pub(super) controls: Vec<RecvControl>,
@@ -109,16 +117,21 @@ impl<'a> Received<'a> {
 impl RecvBatch {
     /// `count` buffers of `size` bytes each.
     pub fn new(count: usize, size: usize) -> RecvBatch {
-        let mut bufs: Vec<Vec<u8>> = (0..count).map(|_| vec![0u8; size]).collect();
-        let iovs = bufs
-            .iter_mut()
+        let size = size.max(1);
+        let mut area = Region::new(count * size);
+        let iovs = area
+            .as_mut_slice()
+            .chunks_exact_mut(size)
+            .take(count)
             .map(|b| libc::iovec {
                 iov_base: b.as_mut_ptr().cast(),
                 iov_len: b.len(),
             })
             .collect();
         let mut batch = RecvBatch {
-            bufs,
+            area,
+            size,
+            count,
             iovs,
             // SAFETY: an all-zero sockaddr_storage / mmsghdr is a valid value.
             names: vec![unsafe { zeroed() }; count],
@@ -150,7 +163,7 @@ impl RecvBatch {
 
     /// How many buffers one receive can fill.
     pub fn capacity(&self) -> usize {
-        self.bufs.len()
+        self.count
     }
 
     /// Buffer `i` of the last receive. `None` past the count received, or for a
@@ -160,10 +173,10 @@ impl RecvBatch {
             return None;
         }
         let src = from_sockaddr(&self.names[i])?;
-        let len = (self.hdrs[i].msg_len as usize).min(self.bufs[i].len());
+        let len = (self.hdrs[i].msg_len as usize).min(self.size);
         let a = self.ancillary[i];
         Some(Received {
-            data: &self.bufs[i][..len],
+            data: &self.area.as_slice()[i * self.size..i * self.size + len],
             src,
             segment: a.segment,
             local: a.local,
