@@ -1,9 +1,10 @@
 //! The I/O loops, which no execution model owns: every model runs the same ones.
 //!
-//! - Per interface: one reader per TUN queue and one per UDP socket (data, handshake
-//!   and proof, per family). Each polls its descriptor beside the interface's waker,
-//!   and runs the first stages of its pipeline (TX-1..3, RX-1..2) on the data it
-//!   reads, handing the rest to the scheduler.
+//! - Per interface: one reader per UDP socket (data, handshake and proof, per
+//!   family). Each polls its descriptor beside the interface's waker, and runs the
+//!   first stages of its pipeline (RX-1..2) on the data it reads, handing the rest to
+//!   the scheduler. The TUN readers (TX-1..3) are the runtime's, shared by every
+//!   interface (`tun_readers`).
 //! - Per runtime: one handshake thread for every interface's handshake lanes, and one
 //!   timer thread for every interface's protocol timers and rtnetlink notifications.
 //!
@@ -52,7 +53,7 @@ const HANDSHAKE_URGENT: Duration = Duration::from_secs(1);
 const URGENT_POLL: Duration = Duration::from_millis(100);
 
 thread_local! {
-    static READER: Cell<bool> = const { Cell::new(false) };
+    pub(crate) static READER: Cell<bool> = const { Cell::new(false) };
     /// Crypt items this reader may still run itself in its current read.
     static SHORTCUTS: Cell<u32> = const { Cell::new(0) };
 }
@@ -64,7 +65,7 @@ pub fn is_reader_thread() -> bool {
 
 /// A reader begins handing on one read's packets: it may run the first `shortcuts`
 /// small crypt items itself (the workqueue model's idle shortcut), and no more.
-fn begin_read(shortcuts: u32) {
+pub(crate) fn begin_read(shortcuts: u32) {
     SHORTCUTS.set(shortcuts);
 }
 
@@ -93,7 +94,7 @@ pub fn take_shortcut() -> bool {
     left > 0
 }
 
-/// Spawns `iface`'s readers: the TUN reader and one per UDP socket role and family.
+/// Spawns `iface`'s readers: one per UDP socket role and family.
 pub fn spawn_readers(
     iface: &Arc<Interface>,
     sched: &Arc<dyn Scheduler>,
@@ -101,19 +102,7 @@ pub fn spawn_readers(
 ) -> std::io::Result<Vec<JoinHandle<()>>> {
     let name = iface.tun.name();
     let mut threads = Vec::new();
-    let (i, s) = (iface.clone(), sched.clone());
-    let mut spawned = registry
-        .spawn(format!("wl-tun-{name}"), move || tun_reader(&i, &*s, 0))
-        .map(|h| threads.push(h));
-    for q in 1..iface.tun.queues() {
-        if spawned.is_err() {
-            break;
-        }
-        let (i, s) = (iface.clone(), sched.clone());
-        spawned = registry
-            .spawn(format!("wl-tun{q}-{name}"), move || tun_reader(&i, &*s, q))
-            .map(|h| threads.push(h));
-    }
+    let mut spawned = Ok(());
     for role in SocketRole::ALL {
         for v6 in [false, true] {
             if spawned.is_err() {
@@ -141,39 +130,6 @@ pub fn spawn_readers(
         return Err(e);
     }
     Ok(threads)
-}
-
-/// TX-1..3 for one queue of an interface's TUN: read, route, number and hand on.
-fn tun_reader(iface: &Arc<Interface>, sched: &dyn Scheduler, queue: usize) {
-    READER.set(true);
-    let c = StageCtx { iface, sched };
-    let mut scratch = vec![0u8; stages::tun_read::SCRATCH_LEN];
-    let mut packets = Vec::with_capacity(stages::tun_read::READ_CAPACITY);
-    let shortcuts = shortcuts_per_read(iface.tun.queues());
-    while !iface.stopping() {
-        match wait_readable(iface.tun.queue_fd(queue), &iface.waker, -1) {
-            Ok(Ready::Readable) => {}
-            Ok(Ready::Timeout) => continue,
-            Ok(Ready::Woken) => return,
-            Err(e) => return iface.fail(format!("polling the TUN device failed: {e}")),
-        }
-        match stages::tun_read::read_batch(iface, queue, &mut scratch, &mut packets) {
-            Ok(()) => {
-                begin_read(shortcuts);
-                // Plugged: the flushes this read runs here send together at its end.
-                let routed = || {
-                    stages::tx_flush::plugged(c, || {
-                        stages::nonce::enqueue_routed(c, stages::route::route(c, &mut packets))
-                    })
-                };
-                if stages::contained(iface, "tun read", routed).is_none() {
-                    packets.clear();
-                }
-            }
-            // The interface was deleted (e.g. `ip link del`, `wg-quick down`).
-            Err(e) => return iface.fail(format!("TUN device is gone: {e}")),
-        }
-    }
 }
 
 /// RX-1..2 for one of the interface's sockets: receive, classify and hand on. The

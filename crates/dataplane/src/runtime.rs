@@ -1,8 +1,9 @@
-//! The process-wide runtime: the execution model's threads, the handshake threads (the
-//! niced one and its urgent half) and the timer thread, serving every interface of the
-//! process. An interface's own threads are only its readers (`loops::spawn_readers`);
-//! everything else is shared, so a tunnel beyond the first costs its readers and its
-//! state, never another pool.
+//! The process-wide runtime: the execution model's threads, the TUN readers
+//! (`tun_readers`, one per queue index over every interface), the handshake threads
+//! (the niced one and its urgent half) and the timer thread, serving every interface
+//! of the process. An interface's own threads are only its socket readers
+//! (`loops::spawn_readers`); everything else is shared, so a tunnel beyond the first
+//! costs its socket readers and its state, never another pool.
 
 use crate::exec::{self, ExecModel, Model, Shared};
 use crate::interface::Interface;
@@ -10,6 +11,7 @@ use crate::loops::{self, HandshakeHub};
 use crate::sched::Scheduler;
 use crate::stages::StageCtx;
 use crate::threads::{Registry, ThreadStats};
+use crate::tun_readers::TunReaders;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
@@ -22,6 +24,8 @@ pub struct Runtime {
     shared: Shared,
     workers: usize,
     interfaces: Arc<RwLock<Vec<Arc<Interface>>>>,
+    tun_readers: TunReaders,
+    /// Each interface's socket readers, by interface id.
     readers: Mutex<HashMap<u32, Vec<JoinHandle<()>>>>,
     service: Mutex<Vec<JoinHandle<()>>>,
     /// Stops the timer thread (it polls this beside the interfaces' monitors).
@@ -46,6 +50,7 @@ impl Runtime {
         let sched: Arc<dyn Scheduler> = running.clone();
         let rt = Runtime {
             model: running,
+            tun_readers: TunReaders::new(sched.clone(), shared.threads.clone()),
             sched,
             shared,
             workers,
@@ -91,10 +96,12 @@ impl Runtime {
             .push(h);
     }
 
-    /// Starts serving `iface`: its readers start, and its timers and handshakes join
-    /// the runtime's.
+    /// Starts serving `iface`: its TUN queues join the runtime's TUN readers, its
+    /// socket readers start, and its timers and handshakes join the runtime's.
     pub fn serve(&self, iface: &Arc<Interface>) -> std::io::Result<()> {
-        let readers = loops::spawn_readers(iface, &self.sched, &self.shared.threads)?;
+        self.tun_readers.serve(iface)?;
+        let readers = loops::spawn_readers(iface, &self.sched, &self.shared.threads)
+            .inspect_err(|_| self.tun_readers.unserve(iface))?;
         self.readers
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -106,11 +113,13 @@ impl Runtime {
         Ok(())
     }
 
-    /// Stops serving `iface`: its readers stop and are joined, and it leaves the
-    /// timer and handshake threads' view. Work of it still queued runs to completion
-    /// or finds its peers removed; the other interfaces are not disturbed.
+    /// Stops serving `iface`: the TUN readers let its queues go, its socket readers
+    /// stop and are joined, and it leaves the timer and handshake threads' view. Work
+    /// of it still queued runs to completion or finds its peers removed; the other
+    /// interfaces are not disturbed.
     pub fn unserve(&self, iface: &Arc<Interface>) {
         iface.stop();
+        self.tun_readers.unserve(iface);
         let readers = self
             .readers
             .lock()
@@ -169,6 +178,7 @@ impl Runtime {
         for iface in self.interfaces() {
             self.unserve(&iface);
         }
+        self.tun_readers.stop();
         self.timer_stop.wake();
         self.handshake_stop.stop();
         self.model.stop();
