@@ -14,10 +14,10 @@ use std::time::{Duration, Instant};
 use wirelane_lab::impls::start_wirelane;
 use wirelane_lab::testbed::*;
 
-/// Threads each tunnel adds: per address family, the data, handshake and cookie-proof
-/// socket readers. Its TUN queues join the runtime's TUN readers, one per queue index,
-/// which every tunnel shares.
-const SOCKET_READERS_PER_TUNNEL: usize = 6;
+/// Threads each tunnel adds: per address family, the (niced) handshake and
+/// cookie-proof socket readers. Its TUN queues and data sockets join the runtime's
+/// shared readers (one per TUN queue index, one per family), which every tunnel shares.
+const SOCKET_READERS_PER_TUNNEL: usize = 4;
 
 /// The names of a process's threads.
 fn threads(pid: u32) -> Vec<String> {
@@ -161,14 +161,15 @@ fn tunnels_come_and_go_under_traffic_in_one_pool() {
         .map(|i| configure_tunnel(&pair, &a[i], &b[i], i as u8 + 1))
         .collect();
 
-    // One pool: three tunnels cost their socket readers and nothing else, not even
-    // TUN readers.
+    // One pool: three tunnels cost their handshake and proof readers and nothing else,
+    // no data-path reader.
     let expect = |tunnels: usize| base + tunnels * per_tunnel;
     wait_until("three tunnels' threads", Duration::from_secs(10), || {
         named(pid) && threads(pid).len() == expect(3)
     });
     assert_eq!(count(pid, "wl-worker-"), workers, "{:?}", threads(pid));
     assert_eq!(count(pid, "wl-tun"), tun_readers, "{:?}", threads(pid));
+    assert_eq!(count(pid, "wl-udp4-read"), 1, "{:?}", threads(pid));
 
     // Three tunnels carry verified bulk traffic at once.
     std::thread::scope(|s| {

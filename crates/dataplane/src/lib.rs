@@ -5,8 +5,8 @@
 //! Layering (each module uses only those above it in this list, never back):
 //! `queue`, `packet`, `pool`, `peer`, `stats`, `inner`, `icmp`, `underload` → `ports`, `sockets`,
 //! `netwatch` → `interface` → `sched` → `stages` (which call only `sched`'s trait) →
-//! `exec` (one module per execution model), and `loops` and `tun_readers` (the I/O
-//! loops no model owns) → `runtime`. `config` applies UAPI updates through the stages.
+//! `exec` (one module per execution model), and `loops`, `shared_readers`,
+//! `tun_readers` and `udp_readers` (the I/O loops no model owns) → `runtime`. `config` applies UAPI updates through the stages.
 //!
 //! With `--cfg loom`, only the ordered queue is built, for its model checks.
 
@@ -52,6 +52,8 @@ pub mod runtime;
 #[cfg(not(loom))]
 pub mod sched;
 #[cfg(not(loom))]
+mod shared_readers;
+#[cfg(not(loom))]
 pub mod sockets;
 #[cfg(not(loom))]
 pub mod stages;
@@ -61,6 +63,8 @@ pub mod stats;
 pub mod threads;
 #[cfg(not(loom))]
 pub mod tun_readers;
+#[cfg(not(loom))]
+pub mod udp_readers;
 #[cfg(not(loom))]
 pub mod underload;
 

@@ -1,10 +1,10 @@
 //! The I/O loops, which no execution model owns: every model runs the same ones.
 //!
-//! - Per interface: one reader per UDP socket (data, handshake and proof, per
-//!   family). Each polls its descriptor beside the interface's waker, and runs the
-//!   first stages of its pipeline (RX-1..2) on the data it reads, handing the rest to
-//!   the scheduler. The TUN readers (TX-1..3) are the runtime's, shared by every
-//!   interface (`tun_readers`).
+//! - Per interface: one reader per handshake and proof socket, per family. Each polls
+//!   its descriptor beside the interface's waker, niced, and runs the first stages of
+//!   its pipeline (RX-1..2) on what it reads, handing the rest to the scheduler. The
+//!   data path's readers, of the TUN (TX-1..3) and of the data sockets (RX-1..2), are
+//!   the runtime's, shared by every interface (`tun_readers`, `udp_readers`).
 //! - Per runtime: one handshake thread for every interface's handshake lanes, and one
 //!   timer thread for every interface's protocol timers and rtnetlink notifications.
 //!
@@ -94,7 +94,7 @@ pub fn take_shortcut() -> bool {
     left > 0
 }
 
-/// Spawns `iface`'s readers: one per UDP socket role and family.
+/// Spawns `iface`'s own readers: one per handshake and proof socket and family.
 pub fn spawn_readers(
     iface: &Arc<Interface>,
     sched: &Arc<dyn Scheduler>,
@@ -103,7 +103,7 @@ pub fn spawn_readers(
     let name = iface.tun.name();
     let mut threads = Vec::new();
     let mut spawned = Ok(());
-    for role in SocketRole::ALL {
+    for role in [SocketRole::Handshake, SocketRole::Proof] {
         for v6 in [false, true] {
             if spawned.is_err() {
                 break;
@@ -132,10 +132,10 @@ pub fn spawn_readers(
     Ok(threads)
 }
 
-/// RX-1..2 for one of the interface's sockets: receive, classify and hand on. The
-/// handshake and proof readers run at the handshake thread's lower priority: under a
-/// flood their sockets overflow in the kernel, and data waits for nothing. Which
-/// datagrams each sees is the kernel's steering; without it the data socket sees all.
+/// RX-1..2 for one of the interface's handshake or proof sockets: receive, classify and
+/// hand on, at the handshake thread's lower priority: under a flood their sockets
+/// overflow in the kernel, and data waits for nothing. Which datagrams each sees is the
+/// kernel's steering; without it the data socket (`udp_readers`) sees all.
 fn udp_reader(iface: &Arc<Interface>, sched: &dyn Scheduler, v6: bool, role: SocketRole) {
     READER.set(true);
     if role != SocketRole::Data && !threads::set_nice(HANDSHAKE_NICE) {

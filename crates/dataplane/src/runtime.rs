@@ -1,9 +1,10 @@
-//! The process-wide runtime: the execution model's threads, the TUN readers
-//! (`tun_readers`, one per queue index over every interface), the handshake threads
-//! (the niced one and its urgent half) and the timer thread, serving every interface
-//! of the process. An interface's own threads are only its socket readers
-//! (`loops::spawn_readers`); everything else is shared, so a tunnel beyond the first
-//! costs its socket readers and its state, never another pool.
+//! The process-wide runtime: the execution model's threads, the data path's readers
+//! (`tun_readers`, one per TUN queue index, and `udp_readers`, one per family, each
+//! over every interface), the handshake threads (the niced one and its urgent half)
+//! and the timer thread, serving every interface of the process. An interface's own
+//! threads are only its handshake and proof socket readers (`loops::spawn_readers`);
+//! everything else is shared, so a tunnel beyond the first costs those and its state,
+//! never another pool.
 
 use crate::exec::{self, ExecModel, Model, Shared};
 use crate::interface::Interface;
@@ -12,6 +13,7 @@ use crate::sched::Scheduler;
 use crate::stages::StageCtx;
 use crate::threads::{Registry, ThreadStats};
 use crate::tun_readers::TunReaders;
+use crate::udp_readers::UdpReaders;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
@@ -25,7 +27,8 @@ pub struct Runtime {
     workers: usize,
     interfaces: Arc<RwLock<Vec<Arc<Interface>>>>,
     tun_readers: TunReaders,
-    /// Each interface's socket readers, by interface id.
+    udp_readers: UdpReaders,
+    /// Each interface's handshake and proof socket readers, by interface id.
     readers: Mutex<HashMap<u32, Vec<JoinHandle<()>>>>,
     service: Mutex<Vec<JoinHandle<()>>>,
     /// Stops the timer thread (it polls this beside the interfaces' monitors).
@@ -51,6 +54,7 @@ impl Runtime {
         let rt = Runtime {
             model: running,
             tun_readers: TunReaders::new(sched.clone(), shared.threads.clone()),
+            udp_readers: UdpReaders::new(sched.clone(), shared.threads.clone()),
             sched,
             shared,
             workers,
@@ -96,12 +100,19 @@ impl Runtime {
             .push(h);
     }
 
-    /// Starts serving `iface`: its TUN queues join the runtime's TUN readers, its
-    /// socket readers start, and its timers and handshakes join the runtime's.
+    /// Starts serving `iface`: its TUN queues and data sockets join the runtime's
+    /// readers, its handshake and proof socket readers start, and its timers and
+    /// handshakes join the runtime's.
     pub fn serve(&self, iface: &Arc<Interface>) -> std::io::Result<()> {
-        self.tun_readers.serve(iface)?;
-        let readers = loops::spawn_readers(iface, &self.sched, &self.shared.threads)
-            .inspect_err(|_| self.tun_readers.unserve(iface))?;
+        let readers = self
+            .tun_readers
+            .serve(iface)
+            .and_then(|()| self.udp_readers.serve(iface))
+            .and_then(|()| loops::spawn_readers(iface, &self.sched, &self.shared.threads))
+            .inspect_err(|_| {
+                self.tun_readers.unserve(iface);
+                self.udp_readers.unserve(iface);
+            })?;
         self.readers
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -113,13 +124,14 @@ impl Runtime {
         Ok(())
     }
 
-    /// Stops serving `iface`: the TUN readers let its queues go, its socket readers
-    /// stop and are joined, and it leaves the timer and handshake threads' view. Work
-    /// of it still queued runs to completion or finds its peers removed; the other
-    /// interfaces are not disturbed.
+    /// Stops serving `iface`: the shared readers let its TUN queues and data sockets
+    /// go, its own readers stop and are joined, and it leaves the timer and handshake
+    /// threads' view. Work of it still queued runs to completion or finds its peers
+    /// removed; the other interfaces are not disturbed.
     pub fn unserve(&self, iface: &Arc<Interface>) {
         iface.stop();
         self.tun_readers.unserve(iface);
+        self.udp_readers.unserve(iface);
         let readers = self
             .readers
             .lock()
@@ -179,6 +191,7 @@ impl Runtime {
             self.unserve(&iface);
         }
         self.tun_readers.stop();
+        self.udp_readers.stop();
         self.timer_stop.wake();
         self.handshake_stop.stop();
         self.model.stop();

@@ -80,7 +80,7 @@ fn observe(r: &RunRecord) -> Option<Observation> {
     let (mut reader_s, mut stages_s) = (0.0, 0.0);
     for t in &sig.threads {
         let n = t.name.as_str();
-        if n.starts_with("wl-tun") || (n.starts_with("wl-udp") && n.contains("-read-")) {
+        if n.starts_with("wl-tun") || (n.starts_with("wl-udp") && n.contains("-read")) {
             reader_s += t.busy_s;
         } else if ["wl-worker-", "wl-crypt-", "wl-poll-", "wl-peer-"]
             .iter()
