@@ -138,7 +138,7 @@ pub fn spawn_readers(
 /// kernel's steering; without it the data socket (`udp_readers`) sees all.
 fn udp_reader(iface: &Arc<Interface>, sched: &dyn Scheduler, v6: bool, role: SocketRole) {
     READER.set(true);
-    if role != SocketRole::Data && !threads::set_nice(HANDSHAKE_NICE) {
+    if !threads::set_nice(HANDSHAKE_NICE) {
         tracing::debug!("could not lower the priority of a handshake socket reader");
     }
     let c = StageCtx { iface, sched };
