@@ -16,6 +16,14 @@
 //!
 //! Order: one thread per queue index, so one queue is read by one thread, and its
 //! packets keep their order into the nonce stage.
+//!
+//! Backpressure across tunnels: a reader that waits for room in a full peer queue (up
+//! to `nonce::BACKPRESSURE_WAIT`) holds its other interfaces' queues meanwhile, as a
+//! reader of one interface always held its other peers. The wait ends when that
+//! peer's queue has drained by the batch, and the workers drain interfaces in deficit
+//! round robin, so an overloaded tunnel slows the others' reads by its share of the
+//! workers' time, not by its backlog. The data-socket readers (`udp_readers`) wait
+//! the same way for a peer's receive queue.
 
 use crate::interface::Interface;
 use crate::loops::{begin_read, shortcuts_per_read, READER};
