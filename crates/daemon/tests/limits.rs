@@ -85,6 +85,21 @@ fn peers_take_no_file_descriptors() {
             .unwrap()
             .count()
     };
+    // The UAPI socket exists before the interface is served, and serving opens the
+    // shared readers' epoll sets and wakers: count once the interface's own readers,
+    // started last, run.
+    let serving = || {
+        std::fs::read_dir(format!("/proc/{pid}/task"))
+            .into_iter()
+            .flatten()
+            .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+            .any(|name| name.starts_with("wl-udp6-proof"))
+    };
+    wait_until(
+        "the interface served",
+        std::time::Duration::from_secs(30),
+        serving,
+    );
     let open = fds();
     assert!(open < 64, "{open} descriptors before any peer");
     sh(&format!("prlimit --pid {pid} --nofile=64:64")).unwrap();
