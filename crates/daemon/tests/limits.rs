@@ -86,8 +86,8 @@ fn peers_take_no_file_descriptors() {
             .count()
     };
     // The UAPI socket exists before the interface is served, and serving opens the
-    // shared readers' epoll sets and wakers: count once the interface's own readers,
-    // started last, run.
+    // readers' epoll sets and wakers: count once the last of them, the IPv6
+    // cookie-proof socket's reader, runs.
     let serving = || {
         std::fs::read_dir(format!("/proc/{pid}/task"))
             .into_iter()

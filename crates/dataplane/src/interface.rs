@@ -95,8 +95,6 @@ pub struct Interface {
     table: RwLock<PeerTable>,
     indices: Mutex<IdMap<Arc<Peer>>>,
     sockets: ArcSwap<Sockets>,
-    /// Bumped whenever the sockets are replaced, so readers pick up new ones.
-    pub sockets_generation: AtomicU64,
     gate: Mutex<Option<Gate>>,
     handshake_tx: Sender<HandshakeJob>,
     handshake_rx: Receiver<HandshakeJob>,
@@ -117,8 +115,8 @@ pub struct Interface {
     pub(crate) icmp_limit: crate::icmp::RateLimit,
     pub stats: Stats,
     stopping: AtomicBool,
-    /// Wakes the interface's readers (they poll it beside their descriptor) when it
-    /// stops.
+    /// Readable once the interface stops: whoever serves it (the daemon's supervisor)
+    /// polls it to learn that it stopped on its own.
     pub waker: Waker,
     /// Why the interface stopped on its own (the TUN went away), if it did.
     pub fatal: Mutex<Option<String>>,
@@ -179,7 +177,6 @@ impl Interface {
             table: RwLock::new(PeerTable::default()),
             indices: Mutex::new(IdMap::default()),
             sockets: ArcSwap::from_pointee(sockets),
-            sockets_generation: AtomicU64::new(0),
             budgets: Budgets::default(),
             max_peers: AtomicUsize::new(MAX_PEERS_PER_INTERFACE),
             apply_lock: Mutex::new(()),
@@ -296,8 +293,7 @@ impl Interface {
 
     pub(crate) fn replace_sockets(&self, s: Sockets) {
         let old = self.sockets.swap(Arc::new(s));
-        self.sockets_generation.fetch_add(1, Ordering::SeqCst);
-        // After the generation moved: a woken reader must see the new one.
+        // After the swap: a woken reader must find the successors.
         if let Some(w) = &old.retired {
             w.wake();
         }
@@ -469,8 +465,8 @@ impl Interface {
         self.stopping.load(Ordering::SeqCst)
     }
 
-    /// Stops the interface's readers at once: each polls the waker beside its
-    /// descriptor. The runtime's shared threads go on serving other interfaces.
+    /// Marks the interface stopping and fires its waker. The runtime's threads go on
+    /// serving other interfaces; `Runtime::unserve` takes this one out of them.
     pub fn stop(&self) {
         self.stopping.store(true, Ordering::SeqCst);
         self.waker.wake();

@@ -1,33 +1,25 @@
 //! The I/O loops, which no execution model owns: every model runs the same ones.
 //!
-//! - Per interface: one reader per handshake and proof socket, per family. Each polls
-//!   its descriptor beside the interface's waker, niced, and runs the first stages of
-//!   its pipeline (RX-1..2) on what it reads, handing the rest to the scheduler. The
-//!   data path's readers, of the TUN (TX-1..3) and of the data sockets (RX-1..2), are
-//!   the runtime's, shared by every interface (`tun_readers`, `udp_readers`).
-//! - Per runtime: one handshake thread for every interface's handshake lanes, and one
-//!   timer thread for every interface's protocol timers and rtnetlink notifications.
+//! - One handshake thread (and its urgent half) for every interface's handshake lanes,
+//!   and one timer thread for every interface's protocol timers and rtnetlink
+//!   notifications. The readers, of the TUN (TX-1..3) and of the UDP sockets
+//!   (RX-1..2), are shared by every interface too (`tun_readers`, `udp_readers`); what
+//!   they have in common with each other is here.
 //!
 //! Readers are marked ([`is_reader_thread`]): a model may run a small item on such a
 //! thread rather than wake a worker for it (the workqueue model's idle shortcut).
 
 use crate::interface::Interface;
 use crate::sched::Scheduler;
-use crate::sockets::SocketRole;
-use crate::stages::{self, gate::Replies, StageCtx};
-use crate::threads::{self, Registry};
+use crate::stages::{self, StageCtx};
+use crate::threads;
 use crossbeam_channel::{Receiver, Sender};
 use std::cell::Cell;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, RwLock};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use wirelane_io::netlink::Monitor;
-use wirelane_io::poll::{wait_readable, wait_readable_any, Ready, Waker};
+use wirelane_io::poll::{wait_readable, Ready, Waker};
 
-/// How often an idle UDP reader looks for sockets a UAPI rebind replaced. Stopping
-/// never waits for it: the interface's waker wakes every poller at once.
-const IDLE_CHECK: Duration = Duration::from_millis(200);
 /// Timer resolution: well under the 333 ms of handshake jitter.
 pub const TIMER_TICK: Duration = Duration::from_millis(10);
 /// Nice value of the handshake thread and the handshake sockets' readers. The thread's
@@ -36,7 +28,7 @@ pub const TIMER_TICK: Duration = Duration::from_millis(10);
 /// whatever a flood sends. At equal priority either would take a full share of a core
 /// from the data path; niced, they yield to transport data, and what they cannot take
 /// overflows their socket in the kernel.
-const HANDSHAKE_NICE: libc::c_int = 10;
+pub(crate) const HANDSHAKE_NICE: libc::c_int = 10;
 /// A handshake message that waited this long is urgent: the urgent handshake thread,
 /// at the data path's priority, then empties the lanes.
 /// Niced, the handshake thread gets a few percent of a core while transport data
@@ -92,96 +84,6 @@ pub fn take_shortcut() -> bool {
         SHORTCUTS.set(left - 1);
     }
     left > 0
-}
-
-/// Spawns `iface`'s own readers: one per handshake and proof socket and family.
-pub fn spawn_readers(
-    iface: &Arc<Interface>,
-    sched: &Arc<dyn Scheduler>,
-    registry: &Arc<Registry>,
-) -> std::io::Result<Vec<JoinHandle<()>>> {
-    let name = iface.tun.name();
-    let mut threads = Vec::new();
-    let mut spawned = Ok(());
-    for role in [SocketRole::Handshake, SocketRole::Proof] {
-        for v6 in [false, true] {
-            if spawned.is_err() {
-                break;
-            }
-            let (i, s) = (iface.clone(), sched.clone());
-            let suffix = match role {
-                SocketRole::Data => "read",
-                SocketRole::Handshake => "hs",
-                SocketRole::Proof => "proof",
-            };
-            let thread = format!("wl-udp{}-{suffix}-{name}", if v6 { 6 } else { 4 });
-            spawned = registry
-                .spawn(thread, move || udp_reader(&i, &*s, v6, role))
-                .map(|h| threads.push(h));
-        }
-    }
-    if let Err(e) = spawned {
-        // Half an interface must not run: stop the readers that did start, or they
-        // would hold its TUN and sockets for ever.
-        iface.stop();
-        for h in threads {
-            let _ = h.join();
-        }
-        return Err(e);
-    }
-    Ok(threads)
-}
-
-/// RX-1..2 for one of the interface's handshake or proof sockets: receive, classify and
-/// hand on, at the handshake thread's lower priority: under a flood their sockets
-/// overflow in the kernel, and data waits for nothing. Which datagrams each sees is the
-/// kernel's steering; without it the data socket (`udp_readers`) sees all.
-fn udp_reader(iface: &Arc<Interface>, sched: &dyn Scheduler, v6: bool, role: SocketRole) {
-    READER.set(true);
-    if !threads::set_nice(HANDSHAKE_NICE) {
-        tracing::debug!("could not lower the priority of a handshake socket reader");
-    }
-    let c = StageCtx { iface, sched };
-    let mut replies = Replies::default();
-    while !iface.stopping() {
-        // The generation is read before the sockets: a rebind between the two is seen
-        // as a changed generation after one pass on the new sockets, never missed.
-        let generation = iface.sockets_generation.load(Ordering::SeqCst);
-        let (sock, retired) = {
-            let s = iface.sockets();
-            (s.for_reader(v6, role).cloned(), s.retired.clone())
-        };
-        let mut wakers = vec![&iface.waker];
-        wakers.extend(retired.as_deref());
-        let Some(sock) = sock else {
-            // No socket of this kind on this binding: wait for a rebind or stop.
-            let _ = wait_readable_any(-1, &wakers, IDLE_CHECK.as_millis() as i32);
-            continue;
-        };
-        let mut scratch = stages::udp_recv::RecvScratch::new(sock.gro_enabled());
-        while iface.sockets_generation.load(Ordering::SeqCst) == generation && !iface.stopping() {
-            // After a receive that used every buffer the socket likely holds more: skip
-            // the poll, which under load would cost a syscall per batch for nothing.
-            if !scratch.filled() {
-                match wait_readable_any(sock.fd(), &wakers, IDLE_CHECK.as_millis() as i32) {
-                    Ok(Ready::Readable) => {}
-                    // Stopping or rebound: the loop conditions tell which.
-                    Ok(Ready::Timeout | Ready::Woken) => continue,
-                    Err(e) => return iface.fail(format!("polling the UDP socket failed: {e}")),
-                }
-            }
-            match stages::udp_recv::recv_batch(&*sock, &mut scratch) {
-                Ok(packets) => {
-                    begin_read(1);
-                    let classified = || stages::classify::classify(c, packets, &mut replies);
-                    if stages::contained(iface, "udp receive", classified).is_none() {
-                        replies = Replies::default();
-                    }
-                }
-                Err(e) => tracing::warn!(error = %e, "UDP receive failed"),
-            }
-        }
-    }
 }
 
 /// Where interfaces announce queued handshake messages to the runtime's handshake

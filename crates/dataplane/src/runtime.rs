@@ -1,10 +1,9 @@
-//! The process-wide runtime: the execution model's threads, the data path's readers
-//! (`tun_readers`, one per TUN queue index, and `udp_readers`, one per family, each
-//! over every interface), the handshake threads (the niced one and its urgent half)
-//! and the timer thread, serving every interface of the process. An interface's own
-//! threads are only its handshake and proof socket readers (`loops::spawn_readers`);
-//! everything else is shared, so a tunnel beyond the first costs those and its state,
-//! never another pool.
+//! The process-wide runtime: the execution model's threads, the readers
+//! (`tun_readers`, one per TUN queue index, and `udp_readers`, one per kind of socket
+//! and family, each over every interface), the handshake threads (the niced one and
+//! its urgent half) and the timer thread, serving every interface of the process. An
+//! interface has no thread of its own: a tunnel beyond the first costs its state and
+//! descriptors, never another thread or pool.
 
 use crate::exec::{self, ExecModel, Model, Shared};
 use crate::interface::Interface;
@@ -14,7 +13,6 @@ use crate::stages::StageCtx;
 use crate::threads::{Registry, ThreadStats};
 use crate::tun_readers::TunReaders;
 use crate::udp_readers::UdpReaders;
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 use wirelane_io::netlink::Monitor;
@@ -28,8 +26,6 @@ pub struct Runtime {
     interfaces: Arc<RwLock<Vec<Arc<Interface>>>>,
     tun_readers: TunReaders,
     udp_readers: UdpReaders,
-    /// Each interface's handshake and proof socket readers, by interface id.
-    readers: Mutex<HashMap<u32, Vec<JoinHandle<()>>>>,
     service: Mutex<Vec<JoinHandle<()>>>,
     /// Stops the timer thread (it polls this beside the interfaces' monitors).
     timer_stop: Arc<Waker>,
@@ -59,7 +55,6 @@ impl Runtime {
             shared,
             workers,
             interfaces: Arc::default(),
-            readers: Mutex::default(),
             service: Mutex::default(),
             timer_stop: Arc::new(Waker::new()?),
             handshake_stop: exec::StopSignal::default(),
@@ -100,23 +95,13 @@ impl Runtime {
             .push(h);
     }
 
-    /// Starts serving `iface`: its TUN queues and data sockets join the runtime's
-    /// readers, its handshake and proof socket readers start, and its timers and
-    /// handshakes join the runtime's.
+    /// Starts serving `iface`: its TUN queues and UDP sockets join the runtime's
+    /// readers, and its timers and handshakes join the runtime's.
     pub fn serve(&self, iface: &Arc<Interface>) -> std::io::Result<()> {
-        let readers = self
-            .tun_readers
+        self.tun_readers
             .serve(iface)
             .and_then(|()| self.udp_readers.serve(iface))
-            .and_then(|()| loops::spawn_readers(iface, &self.sched, &self.shared.threads))
-            .inspect_err(|_| {
-                self.tun_readers.unserve(iface);
-                self.udp_readers.unserve(iface);
-            })?;
-        self.readers
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(iface.id, readers);
+            .inspect_err(|_| self.tun_readers.unserve(iface))?;
         self.interfaces
             .write()
             .unwrap_or_else(|p| p.into_inner())
@@ -124,22 +109,13 @@ impl Runtime {
         Ok(())
     }
 
-    /// Stops serving `iface`: the shared readers let its TUN queues and data sockets
-    /// go, its own readers stop and are joined, and it leaves the timer and handshake
-    /// threads' view. Work of it still queued runs to completion or finds its peers
+    /// Stops serving `iface`: the readers let its TUN queues and UDP sockets go, and it
+    /// leaves the timer and handshake threads' view. Work of it still queued runs to completion or finds its peers
     /// removed; the other interfaces are not disturbed.
     pub fn unserve(&self, iface: &Arc<Interface>) {
         iface.stop();
         self.tun_readers.unserve(iface);
         self.udp_readers.unserve(iface);
-        let readers = self
-            .readers
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&iface.id);
-        for h in readers.into_iter().flatten() {
-            let _ = h.join();
-        }
         self.interfaces
             .write()
             .unwrap_or_else(|p| p.into_inner())

@@ -1,54 +1,59 @@
-//! RX-1..2 for every interface of a runtime: the data-socket readers, shared. One
-//! reader per address family waits on that family's data socket of every interface at
-//! once, receives from whichever is ready and classifies what came, so a tunnel beyond
-//! the first adds a socket to wait on, not a thread. The handshake and proof sockets
-//! keep their own, niced readers per interface (`loops`): what a flood sends them must
-//! not take the data path's threads.
+//! RX-1..2 for every interface of a runtime: the UDP socket readers, shared. Per kind
+//! of socket (data, handshake, proof) and address family, one reader waits on that
+//! socket of every interface at once, receives from whichever is ready and classifies
+//! what came, so a tunnel beyond the first adds sockets to wait on, not threads.
 //!
-//! Flow: `serve` adds each family's data socket of an interface to that family's
-//! reader, with the sockets' `retired` waker beside it → the reader receives one batch
-//! from each ready socket and classifies it (`stages::classify`) → when a new listen
-//! port replaces the sockets, their `retired` waker fires and the reader moves that
-//! interface to the successors → `unserve` takes the interface out and returns once
-//! no batch of it is in progress.
+//! Flow: `serve` adds each of an interface's sockets, with the sockets' `retired`
+//! waker beside it, to the reader of its kind and family → the reader receives one
+//! batch from each ready socket and classifies it (`stages::classify`) → when a new
+//! listen port replaces the sockets, their `retired` waker fires and each reader moves
+//! that interface to the successors → `unserve` takes the interface out and returns
+//! once no batch of it is in progress.
+//!
+//! Priorities: the handshake and proof readers are niced (`HANDSHAKE_NICE`), the data
+//! readers are not. What a flood sends the handshake sockets must not take the data
+//! path's share of a core; what the niced readers cannot take overflows those sockets
+//! in the kernel. Which datagrams each kind sees is the kernel's steering; without it
+//! the data socket sees all.
 //!
 //! Why shared: with a reader per interface, sixteen tunnels had sixteen data readers,
 //! each woken for a sixteenth of the traffic; receive cost 2.53 CPU-s/GB against
-//! 1.47 with one tunnel (BENCHMARKS.md, "Many tunnels at the gateway").
+//! 1.47 with one tunnel (BENCHMARKS.md, "Many tunnels at the gateway"). The handshake
+//! and proof readers followed, so that a tunnel adds no thread at all, and a rebind is
+//! followed one way only.
 //!
 //! Race: a replacement between reading the sockets and registering them is not
 //! missed. The waker comes with the sockets it retires and stays readable once fired,
 //! so the next wait reports it, and the reader moves on to the successors then.
 
 use crate::interface::Interface;
-use crate::loops::{begin_read, READER};
+use crate::loops::{begin_read, HANDSHAKE_NICE, READER};
 use crate::ports::UdpPort;
 use crate::sched::Scheduler;
 use crate::shared_readers::{Member, Pool, Set};
 use crate::sockets::SocketRole;
 use crate::stages::{self, gate::Replies, udp_recv::RecvScratch, StageCtx};
-use crate::threads::Registry;
+use crate::threads::{self, Registry};
 use std::os::fd::RawFd;
 use std::sync::Arc;
 use wirelane_io::poll::Waker;
 
-/// What a data reader waits on for one interface and family.
+/// What a reader waits on for one interface (its kind and family are the set's).
 #[derive(Clone)]
-struct DataSocket {
+struct Watched {
     iface: Arc<Interface>,
-    v6: bool,
     watch: Watch,
 }
 
 #[derive(Clone)]
 enum Watch {
-    /// The family's data socket: datagrams to receive.
+    /// The interface's socket of the set's kind and family: datagrams to receive.
     Socket(Arc<dyn UdpPort>),
     /// The `retired` waker of the sockets in use: they were replaced.
     Retired(Arc<Waker>),
 }
 
-impl Member for DataSocket {
+impl Member for Watched {
     fn iface(&self) -> &Arc<Interface> {
         &self.iface
     }
@@ -60,63 +65,79 @@ impl Member for DataSocket {
     }
 }
 
-/// The runtime's data-socket readers: index 0 for IPv4, 1 for IPv6.
+/// The runtime's UDP socket readers: one pool per kind of socket (in
+/// `SocketRole::ALL`'s order), each with index 0 for IPv4 and 1 for IPv6.
 pub struct UdpReaders {
     sched: Arc<dyn Scheduler>,
-    pool: Pool<DataSocket>,
+    pools: [Pool<Watched>; 3],
 }
 
 impl UdpReaders {
     pub fn new(sched: Arc<dyn Scheduler>, registry: Arc<Registry>) -> UdpReaders {
         UdpReaders {
             sched,
-            pool: Pool::new(registry),
+            pools: SocketRole::ALL.map(|_| Pool::new(registry.clone())),
         }
     }
 
-    /// Adds `iface`'s data sockets (and the waker that retires them) to the readers of
-    /// their families. On an error what was added is taken out again.
+    /// Adds `iface`'s sockets (and the waker that retires them) to the readers of
+    /// their kinds and families. On an error what was added is taken out again.
     pub fn serve(&self, iface: &Arc<Interface>) -> std::io::Result<()> {
-        for v6 in [false, true] {
-            let added = self.set(v6).and_then(|set| watch(&set, iface, v6));
-            if let Err(e) = added {
-                self.unserve(iface);
-                return Err(e);
+        for role in SocketRole::ALL {
+            for v6 in [false, true] {
+                let added = self
+                    .set(role, v6)
+                    .and_then(|set| watch(&set, iface, role, v6));
+                if let Err(e) = added {
+                    self.unserve(iface);
+                    return Err(e);
+                }
             }
         }
         Ok(())
     }
 
-    fn set(&self, v6: bool) -> std::io::Result<Arc<Set<DataSocket>>> {
+    fn set(&self, role: SocketRole, v6: bool) -> std::io::Result<Arc<Set<Watched>>> {
         let sched = self.sched.clone();
-        let name = |i: usize| format!("wl-udp{}-read", if i == 1 { 6 } else { 4 });
-        self.pool
-            .set(usize::from(v6), name, move |set| read_loop(set, &*sched))
+        let kind = match role {
+            SocketRole::Data => "read",
+            SocketRole::Handshake => "hs",
+            SocketRole::Proof => "proof",
+        };
+        let name = |i: usize| format!("wl-udp{}-{kind}", if i == 1 { 6 } else { 4 });
+        self.pools[role as usize].set(usize::from(v6), name, move |set| {
+            read_loop(set, &*sched, role, v6)
+        })
     }
 
     /// Takes `iface` out; returns once no batch of it runs.
     pub fn unserve(&self, iface: &Interface) {
-        self.pool.unserve(iface);
+        for pool in &self.pools {
+            pool.unserve(iface);
+        }
     }
 
     pub fn stop(&self) {
-        self.pool.stop();
+        for pool in &self.pools {
+            pool.stop();
+        }
     }
 }
 
-/// Adds `iface`'s current data socket of the family (if it has one) and the waker
-/// that retires it.
-fn watch(set: &Set<DataSocket>, iface: &Arc<Interface>, v6: bool) -> std::io::Result<()> {
+/// Adds `iface`'s current socket of the kind and family (if it has one) and the
+/// waker that retires it.
+fn watch(
+    set: &Set<Watched>,
+    iface: &Arc<Interface>,
+    role: SocketRole,
+    v6: bool,
+) -> std::io::Result<()> {
     let (sock, retired) = {
         let s = iface.sockets();
-        (
-            s.for_reader(v6, SocketRole::Data).cloned(),
-            s.retired.clone(),
-        )
+        (s.for_reader(v6, role).cloned(), s.retired.clone())
     };
-    let member = |watch| DataSocket {
+    let member = |watch| Watched {
         iface: iface.clone(),
-        v6,
         watch,
     };
     if let Some(w) = retired {
@@ -130,15 +151,18 @@ fn watch(set: &Set<DataSocket>, iface: &Arc<Interface>, v6: bool) -> std::io::Re
 
 /// One reader: receives one batch from each ready socket, and moves an interface
 /// whose sockets were replaced to their successors.
-fn read_loop(set: &Set<DataSocket>, sched: &dyn Scheduler) {
+fn read_loop(set: &Set<Watched>, sched: &dyn Scheduler, role: SocketRole, v6: bool) {
     READER.set(true);
-    // Per kind of socket, allocated on first use (mapped: see `RecvScratch`).
+    if role != SocketRole::Data && !threads::set_nice(HANDSHAKE_NICE) {
+        tracing::debug!("could not lower the priority of a handshake socket reader");
+    }
+    // With and without GRO, allocated on first use (mapped: see `RecvScratch`).
     let mut scratch: [Option<RecvScratch>; 2] = [None, None];
     let mut replies = Replies::default();
-    set.run(|_, DataSocket { iface, v6, watch }| match watch {
+    set.run(|_, Watched { iface, watch }| match watch {
         Watch::Retired(_) => {
-            set.remove_if(|m| m.iface.id == iface.id && m.v6 == v6);
-            if let Err(e) = self::watch(set, &iface, v6) {
+            set.remove_if(|m| m.iface.id == iface.id);
+            if let Err(e) = self::watch(set, &iface, role, v6) {
                 iface.fail(format!("watching the new UDP sockets failed: {e}"));
             }
         }
