@@ -228,6 +228,34 @@ fn roaming_with_wirelane() {
     roaming(None);
 }
 
+/// wirelane moves to a new listen port twice before any traffic, then a wireguard-go
+/// peer told only the last port initiates, over each outer family. Where the kernel
+/// steers, handshake messages reach only the handshake and proof sockets, so the
+/// session forms only if the readers shared by every interface followed both
+/// replacements to the current sockets.
+#[test]
+fn handshakes_reach_a_replaced_listen_port() {
+    for outer_v6 in [false, true] {
+        let t = tunnel(WIRELANE, Impl::WireguardGo, outer_v6, false);
+        for port in [51830, 51831] {
+            t.a.wg(&format!("set IF listen-port {port}"));
+        }
+        let a_key = t.a.wg("show IF public-key");
+        t.b.wg(&format!(
+            "set IF peer {} endpoint {}",
+            a_key.trim(),
+            endpoint(t.pair.addr_a, 51831)
+        ));
+        let to: IpAddr = "10.77.0.1".parse().unwrap();
+        tcp_transfer(&t.pair.b, &t.pair.a, to, 1 << 20, Duration::from_secs(30));
+        assert!(t.a.dump_peers()[0].latest_handshake > 0);
+        assert_eq!(
+            t.a.dump_peers()[0].endpoint,
+            endpoint(t.pair.addr_b, PORT_B)
+        );
+    }
+}
+
 /// Cryptokey routing on receive: a packet whose inner source is not in the sending
 /// peer's AllowedIPs is dropped, even though it authenticated.
 #[test]
