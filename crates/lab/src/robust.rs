@@ -26,12 +26,12 @@ use std::time::{Duration, Instant};
 /// responder for host A's IP input, route lookup and ICMP error for an address that
 /// exists nowhere (about three quarters of the handshake thread's time under a flood,
 /// by `perf`). Nothing on a real network charges a sender for that.
-const SPOOF_NET: (Ipv4Addr, u8) = (Ipv4Addr::new(10, 200, 0, 0), 16);
+pub const SPOOF_NET: (Ipv4Addr, u8) = (Ipv4Addr::new(10, 200, 0, 0), 16);
 
-/// Host B's route for [`SPOOF_NET`] into the sink. The next hop's neighbour entry is
+/// The flooded host's route for [`SPOOF_NET`] into the sink (host B here). The next hop's neighbour entry is
 /// permanent, so no ARP is tried; reverse-path filtering is off, since B now reaches
 /// the spoofed sources by another interface than the one they arrive on.
-fn spoof_sink_commands() -> String {
+pub fn spoof_sink_commands() -> String {
     let (net, len) = SPOOF_NET;
     format!(
         "ip link add wlsink0 type veth peer name wlsink1 && ip link set wlsink0 up \
