@@ -110,8 +110,8 @@ impl Runtime {
     }
 
     /// Stops serving `iface`: the readers let its TUN queues and UDP sockets go, and it
-    /// leaves the timer and handshake threads' view. Work of it still queued runs to completion or finds its peers
-    /// removed; the other interfaces are not disturbed.
+    /// leaves the timer and handshake threads' view. Work of it still queued runs to
+    /// completion or finds its peers removed; the other interfaces are not disturbed.
     pub fn unserve(&self, iface: &Arc<Interface>) {
         iface.stop();
         self.tun_readers.unserve(iface);

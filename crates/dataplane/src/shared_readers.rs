@@ -132,7 +132,7 @@ impl<M: Member> Pool<M> {
     }
 
     /// Set `index`; its reader (and those of lower indices) started first if need be,
-    /// each named by `name` and running `body` on its set.
+    /// each named by `name` and running `body` on its set and index.
     pub fn set<B>(
         &self,
         index: usize,
@@ -140,13 +140,13 @@ impl<M: Member> Pool<M> {
         body: B,
     ) -> std::io::Result<Arc<Set<M>>>
     where
-        B: Fn(&Set<M>) + Clone + Send + 'static,
+        B: Fn(&Set<M>, usize) + Clone + Send + 'static,
     {
         let mut readers = lock(&self.readers);
         while readers.len() <= index {
             let set = Arc::new(Set::new()?);
-            let (s, body) = (set.clone(), body.clone());
-            let h = self.registry.spawn(name(readers.len()), move || body(&s))?;
+            let (s, body, i) = (set.clone(), body.clone(), readers.len());
+            let h = self.registry.spawn(name(i), move || body(&s, i))?;
             readers.push((set, h));
         }
         Ok(readers[index].0.clone())

@@ -34,9 +34,10 @@ pub struct Sockets {
     pub proof6: Option<Arc<dyn UdpPort>>,
     pub port: u16,
     pub fwmark: u32,
-    /// Fires once these sockets are replaced (a new listen port), so that each reader
-    /// blocked on one of them moves to its successor at once rather than at its next
-    /// idle check. It stays readable until the last reader lets go of it.
+    /// Fires once these sockets are replaced (a new listen port): each reader waits on
+    /// it beside the sockets, and on seeing it moves the interface to the successors
+    /// (`udp_readers`). It stays readable until the last reader lets go of it, so a
+    /// reader that registers it after it fired still sees it.
     pub retired: Option<Arc<Waker>>,
 }
 

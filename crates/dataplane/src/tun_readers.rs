@@ -76,7 +76,7 @@ impl TunReaders {
             };
             let added = self
                 .pool
-                .set(queue, name, move |set| read_loop(set, &*sched))
+                .set(queue, name, move |set, _| read_loop(set, &*sched))
                 .and_then(|set| {
                     set.add(TunQueue {
                         iface: iface.clone(),

@@ -105,8 +105,8 @@ impl UdpReaders {
             SocketRole::Proof => "proof",
         };
         let name = |i: usize| format!("wl-udp{}-{kind}", if i == 1 { 6 } else { 4 });
-        self.pools[role as usize].set(usize::from(v6), name, move |set| {
-            read_loop(set, &*sched, role, v6)
+        self.pools[role as usize].set(usize::from(v6), name, move |set, i| {
+            read_loop(set, &*sched, role, i == 1)
         })
     }
 
