@@ -89,10 +89,8 @@ fn peers_take_no_file_descriptors() {
     // readers' epoll sets and wakers: count once the last of them, the IPv6
     // cookie-proof socket's reader, runs.
     let serving = || {
-        std::fs::read_dir(format!("/proc/{pid}/task"))
-            .into_iter()
-            .flatten()
-            .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        thread_names(pid)
+            .iter()
             .any(|name| name.starts_with("wl-udp6-proof"))
     };
     wait_until(

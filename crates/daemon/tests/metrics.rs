@@ -324,14 +324,10 @@ fn bad_requests_get_errors_and_the_tunnel_carries_on() {
         if std::time::Instant::now() > deadline {
             // What the server held instead: its connections and its threads.
             let pid = daemons[0].pid.expect("a running daemon");
-            let threads: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/task"))
-                .map(|d| {
-                    d.flatten()
-                        .filter_map(|t| std::fs::read_to_string(t.path().join("comm")).ok())
-                        .filter(|c| c.starts_with("wl-metrics"))
-                        .collect()
-                })
-                .unwrap_or_default();
+            let threads: Vec<String> = thread_names(pid)
+                .into_iter()
+                .filter(|c| c.starts_with("wl-metrics"))
+                .collect();
             panic!(
                 "never refused past {} idle clients; last answer {:?}; metrics threads {threads:?}; sockets:\n{}",
                 wirelane_daemon::http::MAX_CONNECTIONS,

@@ -14,24 +14,18 @@ use std::time::{Duration, Instant};
 use wirelane_lab::impls::start_wirelane;
 use wirelane_lab::testbed::*;
 
-/// The names of a process's threads.
-fn threads(pid: u32) -> Vec<String> {
-    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return Vec::new();
-    };
-    dir.filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
-        .map(|c| c.trim().to_string())
-        .collect()
-}
-
 /// Every thread has its name: a thread takes it when it first runs, and until then
 /// shows the process's ("wirelane"), which on a busy machine can take a while.
 fn named(pid: u32) -> bool {
-    threads(pid).iter().filter(|n| *n == "wirelane").count() == 1
+    thread_names(pid)
+        .iter()
+        .filter(|n| *n == "wirelane")
+        .count()
+        == 1
 }
 
 fn count(pid: u32, prefix: &str) -> usize {
-    threads(pid)
+    thread_names(pid)
         .iter()
         .filter(|n| n.starts_with(prefix))
         .count()
@@ -139,10 +133,10 @@ fn tunnels_come_and_go_under_traffic_in_one_pool() {
     );
     // A tunnel adds no thread: its TUN queues and UDP sockets join the runtime's
     // readers (one per TUN queue index, one per kind of socket and family).
-    let base = threads(single.pid()).len();
+    let base = thread_names(single.pid()).len();
     let tun_readers = count(single.pid(), "wl-tun");
     let workers = count(single.pid(), "wl-worker-");
-    assert!(workers >= 1, "{:?}", threads(single.pid()));
+    assert!(workers >= 1, "{:?}", thread_names(single.pid()));
     drop(single);
 
     let pool = unique("p");
@@ -159,12 +153,12 @@ fn tunnels_come_and_go_under_traffic_in_one_pool() {
 
     // One pool: three tunnels have the threads of one.
     wait_until("three tunnels' threads", Duration::from_secs(10), || {
-        named(pid) && threads(pid).len() == base
+        named(pid) && thread_names(pid).len() == base
     });
-    assert_eq!(count(pid, "wl-worker-"), workers, "{:?}", threads(pid));
-    assert_eq!(count(pid, "wl-tun"), tun_readers, "{:?}", threads(pid));
+    assert_eq!(count(pid, "wl-worker-"), workers, "{:?}", thread_names(pid));
+    assert_eq!(count(pid, "wl-tun"), tun_readers, "{:?}", thread_names(pid));
     for reader in ["wl-udp4-read", "wl-udp6-hs", "wl-udp4-proof"] {
-        assert_eq!(count(pid, reader), 1, "{:?}", threads(pid));
+        assert_eq!(count(pid, reader), 1, "{:?}", thread_names(pid));
     }
 
     // Three tunnels carry verified bulk traffic at once.
@@ -224,9 +218,9 @@ fn tunnels_come_and_go_under_traffic_in_one_pool() {
 
     // Still one pool, with the threads of one tunnel.
     wait_until("the pool's threads", Duration::from_secs(10), || {
-        named(pid) && threads(pid).len() == base
+        named(pid) && thread_names(pid).len() == base
     });
-    assert_eq!(count(pid, "wl-worker-"), workers, "{:?}", threads(pid));
+    assert_eq!(count(pid, "wl-worker-"), workers, "{:?}", thread_names(pid));
     // The tunnels that stayed kept their sessions.
     for (d, to) in a[..2].iter().zip(&inner) {
         assert!(d.dump_peers()[0].latest_handshake > 0);

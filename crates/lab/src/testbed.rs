@@ -269,6 +269,16 @@ pub fn configure_tunnel(pair: &Pair, a: &Daemon, b: &Daemon, i: u8) -> IpAddr {
     format!("10.80.{i}.2").parse().unwrap()
 }
 
+/// The names of a process's threads (none if it is gone).
+pub fn thread_names(pid: u32) -> Vec<String> {
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    dir.filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .map(|c| c.trim().to_string())
+        .collect()
+}
+
 /// Waits until `cond` holds, for at most `timeout`; fails the test naming `what`.
 /// Polls often at first (a restart is expected within milliseconds), then every
 /// 250 ms, so a slow condition (an HTTP query, a shell command) is not hammered.
