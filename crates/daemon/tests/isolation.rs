@@ -13,6 +13,7 @@ use wirelane_lab::impls::start_wirelane;
 use wirelane_lab::robust::{spoof_sink_commands, SPOOF_NET};
 use wirelane_lab::testbed::*;
 use wirelane_lab::uapi::{self, counter};
+use wirelane_lab::workload::{in_ns, join};
 
 /// Ends the flood when the test ends, however it ends.
 struct StopOnDrop(Arc<AtomicBool>);
@@ -57,11 +58,8 @@ fn a_flood_at_one_tunnel_leaves_the_others_alone() {
     let stop = Arc::new(AtomicBool::new(false));
     let _stop_on_drop = StopOnDrop(stop.clone());
     let flood = {
-        let (ns, stop) = (pair.b.name.clone(), stop.clone());
-        std::thread::spawn(move || {
-            enter_ns(&ns);
-            flood::run(&spec, &stop)
-        })
+        let stop = stop.clone();
+        in_ns(&pair.b.name, move || flood::run(&spec, &stop))
     };
     let stats = |d: &Daemon| uapi::stats(&d.ifname).unwrap_or_else(|e| panic!("{e}"));
     wait_until(
@@ -76,7 +74,7 @@ fn a_flood_at_one_tunnel_leaves_the_others_alone() {
     tcp_transfer(&pair.a, &pair.b, inner[0], 4 << 20, Duration::from_secs(60));
     let (flooded, other) = (stats(&a[0]), stats(&a[1]));
     stop.store(true, Ordering::Relaxed);
-    let sent = flood.join().expect("flood thread").expect("flood").sent;
+    let sent = join(flood).expect("flood").sent;
 
     let shown = [
         "under_load",

@@ -28,9 +28,10 @@ use std::time::{Duration, Instant};
 /// by `perf`). Nothing on a real network charges a sender for that.
 pub const SPOOF_NET: (Ipv4Addr, u8) = (Ipv4Addr::new(10, 200, 0, 0), 16);
 
-/// The flooded host's route for [`SPOOF_NET`] into the sink (host B here). The next hop's neighbour entry is
-/// permanent, so no ARP is tried; reverse-path filtering is off, since B now reaches
-/// the spoofed sources by another interface than the one they arrive on.
+/// The flooded host's route for [`SPOOF_NET`] into the sink. The next hop's neighbour
+/// entry is permanent, so no ARP is tried; reverse-path filtering is off, since the
+/// host now reaches the spoofed sources by another interface than the one they arrive
+/// on.
 pub fn spoof_sink_commands() -> String {
     let (net, len) = SPOOF_NET;
     format!(
