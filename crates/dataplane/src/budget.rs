@@ -28,7 +28,15 @@
 //! delay every packet waits. A fixed 8,192 packets was 26 ms of decryption on two
 //! cores and a fraction of a millisecond on sixty-four; on transmit, a fixed 4,096 held
 //! a gateway's packets 9 ms on average from TUN read to send (p99 up to 33 ms) when it
-//! sent to a thousand peers on two cores, where 5 ms of work holds them 3 ms. The
+//! sent to a thousand peers on two cores, where 5 ms of work held them 3 ms. The
+//! target is 1 ms, not CoDel's 5 ms, because what the queues hold is also the
+//! pipeline's working set: each packet is a 2 KiB buffer that the reader writes and a
+//! worker reads again later. 5 ms of decryption held about 3,000 packets (6 MiB) at a
+//! thousand peers on two cores, past what stays in cache, and the copy, the AEAD and
+//! the TUN write each paid for it: the gateway delivered 0.8× and spent 1.2× the CPU
+//! per byte that it did with 1 ms (BENCHMARKS.md, "The receive budget"). The floor
+//! still covers a reader's full read, and 1 ms is five of a waiting reader's looks
+//! (`POLL`), so the workers never run dry while a reader waits. The
 //! limit grows at once with the rate and shrinks by an eighth a tick at most, so a
 //! burst after a quiet moment finds the room a busy moment had. Only the last queue's
 //! exit counts as drained (`QueueBudget::drain`): a transmit packet moves from its
@@ -50,9 +58,10 @@ use std::time::{Duration, Instant};
 /// `fq-codel`, its flow queues in front.
 pub const BUDGET_MAX_PACKETS: usize = 8192;
 
-/// The work either direction's queues hold at their drain rate: CoDel's target, the
-/// standing delay a queue may keep.
-pub const BUDGET_TARGET: Duration = Duration::from_millis(5);
+/// The work either direction's queues hold at their drain rate: the standing delay a
+/// queue may keep, and small enough that the packets it holds stay in cache (see the
+/// module's comment).
+pub const BUDGET_TARGET: Duration = Duration::from_millis(1);
 
 /// The floor of either direction's budget, so that a limit sized in a quiet moment
 /// holds a reader back no longer than the workers take to drain one read: on receive
