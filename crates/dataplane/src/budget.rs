@@ -36,7 +36,7 @@
 //! the TUN write each paid for it: the gateway delivered 0.8× and spent 1.2× the CPU
 //! per byte that it did with 1 ms (BENCHMARKS.md, "The receive budget"). The floor
 //! still covers a reader's full read, and 1 ms is five of a waiting reader's looks
-//! (`POLL`), so the workers never run dry while a reader waits. The
+//! (`POLL`), so a waiting reader looks again long before the workers run dry. The
 //! limit grows at once with the rate and shrinks by an eighth a tick at most, so a
 //! burst after a quiet moment finds the room a busy moment had. Only the last queue's
 //! exit counts as drained (`QueueBudget::drain`): a transmit packet moves from its
@@ -67,7 +67,10 @@ pub const BUDGET_TARGET: Duration = Duration::from_millis(1);
 /// holds a reader back no longer than the workers take to drain one read: on receive
 /// more than one full read of a reader (16 coalesced buffers of up to 45 datagrams,
 /// 720 packets); on transmit, four peers' full ordered queues
-/// (`stages::fq::RING_PACKETS`), enough to give every worker a batch.
+/// (`stages::fq::RING_PACKETS`), enough to give every worker a batch. Below a full
+/// read the receive side stalls: one peer's read is a single batch of up to 720
+/// packets, which then never fits (a floor of 512 delivered next to nothing from one
+/// peer).
 pub const BUDGET_MIN_PACKETS: usize = 1024;
 
 /// Packets an interface's peers hold staged together while their handshakes run
