@@ -1,7 +1,7 @@
 #!/bin/bash
 # Profiles the gateway daemon during one star receive run of N peers, once it is busy
-# with data (its CPU time rising by more than 0.8 cores; the handshakes before that use
-# less), for 5 s.
+# with data (its first worker busy more than 40% of a second; the handshakes before
+# that run on other threads), for 5 s.
 #   profile.sh N TAG     (IMPL=wirelane@before COMM=<daemon binary's name> for another build)
 # Writes $OUT/perf-TAG.data (OUT defaults to /tmp/prof); read it with
 #   perf report -i $OUT/perf-TAG.data --no-children --sort sym --stdio
@@ -19,10 +19,14 @@ for _ in $(seq 1 600); do
     kill -0 "$lab" 2> /dev/null || break
     pid=$(pgrep -x "${COMM:-wirelane}" | head -1)
     [ -n "$pid" ] || continue
-    t1=$(awk '{print $14+$15}' "/proc/$pid/stat" 2> /dev/null)
+    # The first worker's CPU time: handshakes run on other threads.
+    worker=$(grep -l '^wl-worker-0$' /proc/"$pid"/task/*/comm 2> /dev/null | head -1)
+    [ -n "$worker" ] || continue
+    stat=${worker%comm}stat
+    t1=$(awk '{print $14+$15}' "$stat" 2> /dev/null)
     sleep 1
-    t2=$(awk '{print $14+$15}' "/proc/$pid/stat" 2> /dev/null)
-    if [ -n "$t1" ] && [ -n "$t2" ] && [ $((t2 - t1)) -gt 80 ]; then
+    t2=$(awk '{print $14+$15}' "$stat" 2> /dev/null)
+    if [ -n "$t1" ] && [ -n "$t2" ] && [ $((t2 - t1)) -gt 40 ]; then
         perf record -F 2999 -g -p "$pid" -o "$out/perf-$tag.data" -- sleep 5 > /dev/null 2>&1
         break
     fi
