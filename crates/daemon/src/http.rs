@@ -104,10 +104,7 @@ fn accept_loop(listener: &TcpListener, stopping: &AtomicBool, render: Render) {
         let (render, done) = (render.clone(), ActiveGuard(active.clone()));
         let spawned = std::thread::Builder::new()
             .name("wl-metrics-conn".into())
-            .spawn(move || {
-                let _done = done;
-                serve(stream, &render);
-            });
+            .spawn(move || serve(stream, &render, done));
         if let Err(e) = spawned {
             // The closure, guard and stream drop with the error: the count is restored.
             tracing::warn!(error = %e, "metrics: cannot start a connection thread");
@@ -189,7 +186,8 @@ fn read_head(mut stream: &TcpStream, buf: &mut Vec<u8>) -> io::Result<Option<usi
     }
 }
 
-fn serve(stream: TcpStream, render: &Render) {
+/// Answers one connection, then gives back its place (`place`) and closes it.
+fn serve(stream: TcpStream, render: &Render, place: ActiveGuard) {
     let _ = stream.set_write_timeout(Some(WRITE_TIMEOUT));
     let mut head = Vec::with_capacity(1024);
     let result = match read_head(&stream, &mut head) {
@@ -227,6 +225,11 @@ fn serve(stream: TcpStream, render: &Render) {
     if let Err(e) = result {
         tracing::debug!(error = %e, "metrics: answer not delivered");
     }
+    // Race: the place goes back before the shutdown that ends the client's read, so a
+    // client that has read its whole answer holds no place any more. The other order
+    // left a window in which a scraper that reconnects at once (or the next of a
+    // test's clients) found the place still taken and got a 503.
+    drop(place);
     let _ = stream.shutdown(Shutdown::Both);
 }
 
