@@ -269,13 +269,13 @@ pub fn configure_tunnel(pair: &Pair, a: &Daemon, b: &Daemon, i: u8) -> IpAddr {
     format!("10.80.{i}.2").parse().unwrap()
 }
 
-/// The names of a process's threads (none if it is gone).
+/// The names of a process's threads (none if it is gone). A thread that ends while
+/// they are read has no name left and is not counted.
 pub fn thread_names(pid: u32) -> Vec<String> {
-    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return Vec::new();
-    };
-    dir.filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
-        .map(|c| c.trim().to_string())
+    crate::cpu::read_threads(pid)
+        .into_values()
+        .map(|(name, _)| name)
+        .filter(|name| !name.is_empty())
         .collect()
 }
 
