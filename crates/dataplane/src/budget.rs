@@ -67,10 +67,10 @@ pub const BUDGET_TARGET: Duration = Duration::from_millis(1);
 /// holds a reader back no longer than the workers take to drain one read: on receive
 /// more than one full read of a reader (16 coalesced buffers of up to 45 datagrams,
 /// 720 packets); on transmit, four peers' full ordered queues
-/// (`stages::fq::RING_PACKETS`), enough to give every worker a batch. Below a full
-/// read the receive side stalls: one peer's read is a single batch of up to 720
-/// packets, which then never fits (a floor of 512 delivered next to nothing from one
-/// peer).
+/// (`stages::fq::RING_PACKETS`), enough to give every worker a batch. It must stay at
+/// least one receive batch (`packet::RX_BATCH_MAX`), which a reader admits whole or
+/// not at all. When a peer's whole read was one batch, a floor of 512 delivered next
+/// to nothing from one peer: its reads never fitted.
 pub const BUDGET_MIN_PACKETS: usize = 1024;
 
 /// Packets an interface's peers hold staged together while their handshakes run

@@ -1,6 +1,7 @@
 //! Stage RX-2, classify. Input: received datagrams in arrival order. Output: handshake
 //! messages to the gate (`stages::gate`), whose cookie replies leave together once the
 //! batch is classified; transport messages grouped into batches by receiver index
+//! (runs of consecutive packets, cut at `packet::RX_BATCH_MAX`)
 //! (O(1) hash lookup), each entered into its peer's ordered RX queue and then handed
 //! to the scheduler as crypt work, in arrival order. Everything else is dropped and
 //! counted. Runs on a UDP reader, which may wait for room in a peer's queue
@@ -8,7 +9,7 @@
 
 use super::gate::Replies;
 use super::StageCtx;
-use crate::packet::{Batch, Packet};
+use crate::packet::{Batch, Packet, RX_BATCH_MAX};
 use crate::sched::{Crypt, Direction};
 use std::sync::atomic::Ordering;
 use wirelane_proto::messages::{classify as kind_of, Kind, TransportHeader};
@@ -17,7 +18,8 @@ use wirelane_proto::messages::{classify as kind_of, Kind, TransportHeader};
 pub fn classify(c: StageCtx<'_>, packets: &mut Vec<Packet>, replies: &mut Replies) {
     let dev = c.iface;
     let now = dev.now();
-    // Runs of consecutive packets for the same receiver index become one batch.
+    // Runs of consecutive packets for the same receiver index become batches of at
+    // most `RX_BATCH_MAX`.
     let mut run: Option<(u32, Vec<Packet>)> = None;
     for mut p in packets.drain(..) {
         let Some(src) = p.src else { continue };
@@ -27,7 +29,7 @@ pub fn classify(c: StageCtx<'_>, packets: &mut Vec<Packet>, replies: &mut Replie
                 let h = TransportHeader::parse(dgram).expect("classified as transport");
                 p.counter = h.counter;
                 match &mut run {
-                    Some((idx, v)) if *idx == h.receiver => v.push(p),
+                    Some((idx, v)) if *idx == h.receiver && v.len() < RX_BATCH_MAX => v.push(p),
                     _ => {
                         if let Some((idx, v)) = run.take() {
                             dispatch(c, idx, v, now);

@@ -305,6 +305,7 @@ pub fn wirelane_platform(cores: usize) -> Platform {
         tun_queue_per_worker: true,
         group_by_peer: true,
         reader_batch: wirelane_dataplane::packet::MAX_BATCH,
+        rx_item_packets: wirelane_dataplane::packet::RX_BATCH_MAX,
         reader_runs: wirelane_dataplane::stages::udp_recv::GRO_RECV_BUFFERS,
         poll_budget: wirelane_dataplane::exec::softirq::NAPI_BUDGET,
         softirq_budget: wirelane_dataplane::exec::softirq::SOFTIRQ_PACKETS,

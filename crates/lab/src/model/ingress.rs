@@ -153,10 +153,15 @@ impl Pipeline {
         let plat = &sim.params.platform;
         let mut groups: Vec<(u32, u32, Ns)> = Vec::new();
         if plat.group_by_peer && sim.pipe.dir == Direction::Rx {
-            // Classify: each run of consecutive packets of one peer is one item.
+            // Classify: each run of consecutive packets of one peer is one item, cut
+            // at the platform's bound.
+            let max = match plat.rx_item_packets {
+                0 => u32::MAX,
+                m => m as u32,
+            };
             for (p, t) in packets {
                 match groups.last_mut() {
-                    Some(g) if g.0 == p => g.1 += 1,
+                    Some(g) if g.0 == p && g.1 < max => g.1 += 1,
                     _ => groups.push((p, 1, t)),
                 }
             }

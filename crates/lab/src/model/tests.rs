@@ -16,6 +16,7 @@ pub(super) fn bare(cores: usize, pool: Pool, readers: usize) -> Params {
             tun_queue_per_worker: false,
             group_by_peer: readers > 0,
             reader_batch: 64,
+            rx_item_packets: 0,
             reader_runs: 0,
             poll_budget: 64,
             softirq_budget: 300,
@@ -264,6 +265,27 @@ fn a_reader_waits_for_room_in_a_full_peer_queue_or_drops_as_told() {
     assert!(waits.delivered_pps > 0.0);
     let drops = run(QueueFull::Drop);
     assert!(drops.drops.peer_queue > 0, "{:?}", drops.drops);
+}
+
+/// On receive, a read's run of one peer's packets becomes crypt items of at most the
+/// platform's bound (wirelane's `RX_BATCH_MAX`), and one item without it.
+#[test]
+fn a_long_run_of_one_peer_is_cut_into_bounded_crypt_items() {
+    let run = |bound: usize| {
+        let mut p = costed(bare(2, Pool::Shared, 1));
+        p.platform.reader_runs = 16;
+        p.platform.rx_item_packets = bound;
+        // Each read costs about what the offered load brings in 0.4 ms, so that reads
+        // find the socket full: 16 runs of 45.
+        p.rx.reader_batch_ns = 400_000.0;
+        let sc = overloaded(Model::Workqueue, 2, 1, Direction::Rx);
+        let o = simulate(&p, &sc).unwrap();
+        o.signature.packets as f64 / o.signature.crypt_items as f64
+    };
+    let bounded = run(64);
+    assert!(bounded <= 64.0 * 1.01, "{bounded} packets per item");
+    let whole = run(0);
+    assert!(whole > 128.0, "{whole} packets per item");
 }
 
 /// Calibration recovers known stage costs from runs the model itself made with them:
