@@ -18,9 +18,7 @@ use wirelane_proto::messages::{classify as kind_of, Kind, TransportHeader};
 pub fn classify(c: StageCtx<'_>, packets: &mut Vec<Packet>, replies: &mut Replies) {
     let dev = c.iface;
     let now = dev.now();
-    // Runs of consecutive packets for the same receiver index become batches of at
-    // most `RX_BATCH_MAX`.
-    let mut run: Option<(u32, Vec<Packet>)> = None;
+    let mut runs = Runs::default();
     for mut p in packets.drain(..) {
         let Some(src) = p.src else { continue };
         let dgram = p.datagram();
@@ -28,14 +26,8 @@ pub fn classify(c: StageCtx<'_>, packets: &mut Vec<Packet>, replies: &mut Replie
             Ok(Kind::Transport) => {
                 let h = TransportHeader::parse(dgram).expect("classified as transport");
                 p.counter = h.counter;
-                match &mut run {
-                    Some((idx, v)) if *idx == h.receiver && v.len() < RX_BATCH_MAX => v.push(p),
-                    _ => {
-                        if let Some((idx, v)) = run.take() {
-                            dispatch(c, idx, v, now);
-                        }
-                        run = Some((h.receiver, vec![p]));
-                    }
+                if let Some((idx, v)) = runs.push(h.receiver, p) {
+                    dispatch(c, idx, v, now);
                 }
             }
             // The gate copies what it admits, so the packet's buffer goes back to the
@@ -46,10 +38,31 @@ pub fn classify(c: StageCtx<'_>, packets: &mut Vec<Packet>, replies: &mut Replie
             }
         }
     }
-    if let Some((idx, v)) = run {
+    if let Some((idx, v)) = runs.open.take() {
         dispatch(c, idx, v, now);
     }
     super::gate::flush_replies(c, replies);
+}
+
+/// The batch being gathered: consecutive packets for one receiver index, at most
+/// [`RX_BATCH_MAX`] of them.
+#[derive(Default)]
+struct Runs {
+    open: Option<(u32, Vec<Packet>)>,
+}
+
+impl Runs {
+    /// Adds `p`, for receiver index `index`, to the open run, or opens a new one with
+    /// it; returns the run that closed, if one did, for dispatch.
+    fn push(&mut self, index: u32, p: Packet) -> Option<(u32, Vec<Packet>)> {
+        match &mut self.open {
+            Some((idx, v)) if *idx == index && v.len() < RX_BATCH_MAX => {
+                v.push(p);
+                None
+            }
+            _ => self.open.replace((index, vec![p])),
+        }
+    }
 }
 
 fn dispatch(c: StageCtx<'_>, index: u32, packets: Vec<Packet>, now: std::time::Duration) {
@@ -81,5 +94,42 @@ fn dispatch(c: StageCtx<'_>, index: u32, packets: Vec<Packet>, now: std::time::D
         dev.stats
             .rx_queue_full
             .fetch_add(n as u64, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A long run of one index is cut at the bound, and another index ends a run:
+    /// every packet comes out once, in order, in batches of one index each.
+    #[test]
+    fn runs_are_cut_at_the_bound_and_at_another_index() {
+        let src = "10.0.0.1:1".parse().unwrap();
+        let mut runs = Runs::default();
+        let mut out = Vec::new();
+        let indices = (0..RX_BATCH_MAX * 2 + 10).map(|_| 7).chain([8, 8, 7]);
+        for (seq, index) in indices.enumerate() {
+            let mut p = Packet::from_datagram(&[0; 32], src, None);
+            p.counter = seq as u64;
+            out.extend(runs.push(index, p));
+        }
+        out.extend(runs.open.take());
+        let shape: Vec<(u32, usize)> = out.iter().map(|(i, v)| (*i, v.len())).collect();
+        assert_eq!(
+            shape,
+            [
+                (7, RX_BATCH_MAX),
+                (7, RX_BATCH_MAX),
+                (7, 10),
+                (8, 2),
+                (7, 1)
+            ]
+        );
+        let order: Vec<u64> = out
+            .iter()
+            .flat_map(|(_, v)| v.iter().map(|p| p.counter))
+            .collect();
+        assert_eq!(order, (0..order.len() as u64).collect::<Vec<_>>());
     }
 }
