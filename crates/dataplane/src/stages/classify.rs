@@ -1,8 +1,8 @@
 //! Stage RX-2, classify. Input: received datagrams in arrival order. Output: handshake
 //! messages to the gate (`stages::gate`), whose cookie replies leave together once the
 //! batch is classified; transport messages grouped into batches by receiver index
-//! (runs of consecutive packets, cut at `packet::RX_BATCH_MAX`)
-//! (O(1) hash lookup), each entered into its peer's ordered RX queue and then handed
+//! (O(1) hash lookup; runs of consecutive packets, cut at `packet::RX_BATCH_MAX`),
+//! each entered into its peer's ordered RX queue and then handed
 //! to the scheduler as crypt work, in arrival order. Everything else is dropped and
 //! counted. Runs on a UDP reader, which may wait for room in a peer's queue
 //! (backpressure) but never runs crypto of its own unless the model says so.
