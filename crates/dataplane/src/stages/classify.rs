@@ -2,10 +2,10 @@
 //! messages to the gate (`stages::gate`), whose cookie replies leave together once the
 //! batch is classified; transport messages grouped into batches by receiver index
 //! (O(1) hash lookup; runs of consecutive packets, cut at `packet::RX_BATCH_MAX`),
-//! each entered into its peer's ordered RX queue and then handed
-//! to the scheduler as crypt work, in arrival order. Everything else is dropped and
-//! counted. Runs on a UDP reader, which may wait for room in a peer's queue
-//! (backpressure) but never runs crypto of its own unless the model says so.
+//! each entered into its peer's ordered RX queue and then handed to the scheduler as
+//! crypt work, in arrival order. Everything else is dropped and counted. Runs on a UDP
+//! reader, which may wait for room in a peer's queue (backpressure) but never runs
+//! crypto of its own unless the model says so.
 
 use super::gate::Replies;
 use super::StageCtx;

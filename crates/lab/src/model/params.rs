@@ -128,9 +128,9 @@ pub struct Platform {
     /// receive each run of one peer's consecutive packets, on transmit all of a peer's
     /// packets in the read) or queues every packet alone (the kernel's per-packet ring).
     pub group_by_peer: bool,
-    /// On receive, most packets of one run the reader makes one crypt item
-    /// ([`RX_BATCH_MAX`](wirelane_dataplane::packet::RX_BATCH_MAX)); 0: no bound, as
-    /// wirelane before that bound, whose calibrations lack the field.
+    /// On receive, the most packets of a run of one peer's packets that one crypt item
+    /// takes ([`RX_BATCH_MAX`](wirelane_dataplane::packet::RX_BATCH_MAX)); 0: no bound,
+    /// as in wirelane before that bound, whose calibrations lack the field.
     #[serde(default)]
     pub rx_item_packets: usize,
     /// Packets one read takes at most (on receive, datagrams: see `reader_runs`).
