@@ -72,6 +72,7 @@ pub const BUDGET_TARGET: Duration = Duration::from_millis(1);
 /// not at all. When a peer's whole read was one batch, a floor of 512 delivered next
 /// to nothing from one peer: its reads never fitted.
 pub const BUDGET_MIN_PACKETS: usize = 1024;
+const _: () = assert!(BUDGET_MIN_PACKETS >= crate::packet::RX_BATCH_MAX);
 
 /// Packets an interface's peers hold staged together while their handshakes run
 /// (8 MiB of buffers), beside each peer's own bound (`peer::MAX_STAGED_PACKETS`).
