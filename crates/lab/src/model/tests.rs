@@ -399,6 +399,35 @@ fn calibration_recovers_known_parameters_from_synthetic_runs() {
     assert!(misses.is_empty(), "{misses:#?}");
 }
 
+/// When the runs cannot tell items from invocations (the two-column fit makes one cost
+/// negative), the fit keeps the column that explains them better, whichever it is:
+/// here the cost is per invocation, and items track packets, not invocations.
+#[test]
+fn a_one_column_fit_keeps_the_column_that_explains_the_runs() {
+    use super::calibrate::fit_nonneg;
+    // (items, invocations) per packet, as transmit's cells give them.
+    let shapes = [
+        (0.05, 0.015),
+        (0.2, 0.05),
+        (1.0, 0.33),
+        (1.0, 1.0),
+        (0.3, 0.25),
+        (1.0, 0.5),
+    ];
+    let rows: Vec<(f64, f64, f64)> = shapes
+        .iter()
+        .map(|&(items, inv)| (500.0 - 80.0 * items + 6000.0 * inv, items, inv))
+        .collect();
+    let weights = vec![1.0; rows.len()];
+    let [per_packet, per_item, per_invocation] = fit_nonneg(&rows, &weights);
+    assert_eq!(per_item, 0.0);
+    assert!(
+        (per_invocation / 6000.0 - 1.0).abs() < 0.05,
+        "{per_invocation}"
+    );
+    assert!(per_packet > 0.0);
+}
+
 /// The kernel's NAPI re-poll (`NAPIF_STATE_MISSED`): a completion on another core while
 /// a peer's poll is scheduled makes the poll run once more, on the core it ran on, even
 /// when the first poll already took every packet; wirelane's serial stage does not.
