@@ -50,6 +50,16 @@ const COUNTERS: &[(&str, &str, &str)] = &[
         "ICMP errors not sent for the rate limit.",
     ),
     (
+        "rx_buffer_shrunk",
+        "wirelane_receive_buffer_shrunk_total",
+        "Times a data socket's receive buffer was shrunk for an overload standing in it.",
+    ),
+    (
+        "rx_buffer_restored",
+        "wirelane_receive_buffer_restored_total",
+        "Times a shrunk data socket's receive buffer was given its full size back.",
+    ),
+    (
         "serial_empty_polls",
         "wirelane_serial_empty_polls_total",
         "Serial-stage invocations that found nothing ready (an execution-order signature).",

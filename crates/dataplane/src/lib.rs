@@ -3,7 +3,7 @@
 //! runtime that serves one or many interfaces with one set of threads.
 //!
 //! Layering (each module uses only those above it in this list, never back):
-//! `queue`, `packet`, `pool`, `peer`, `stats`, `inner`, `icmp`, `underload` → `ports`, `sockets`,
+//! `queue`, `packet`, `pool`, `peer`, `stats`, `inner`, `icmp`, `underload`, `socket_buffer` → `ports`, `sockets`,
 //! `netwatch` → `interface` → `sched` → `stages` (which call only `sched`'s trait) →
 //! `exec` (one module per execution model), and `loops`, `shared_readers`,
 //! `tun_readers` and `udp_readers` (the I/O loops no model owns) → `runtime`. `config` applies UAPI updates through the stages.
@@ -53,6 +53,9 @@ pub mod runtime;
 pub mod sched;
 #[cfg(not(loom))]
 mod shared_readers;
+/// The data socket's receive buffer, sized by the sojourn of what waits in it.
+#[cfg(not(loom))]
+pub mod socket_buffer;
 #[cfg(not(loom))]
 pub mod sockets;
 #[cfg(not(loom))]

@@ -120,6 +120,10 @@ pub trait UdpPort: Send + Sync {
     fn set_mark(&self, _mark: u32) -> io::Result<()> {
         Ok(())
     }
+    /// Sets the receive buffer's size (see [`UdpSocket::set_receive_buffer`]).
+    fn set_receive_buffer(&self, _bytes: usize) -> io::Result<()> {
+        Ok(())
+    }
 }
 
 impl UdpPort for UdpSocket {
@@ -178,5 +182,8 @@ impl UdpPort for UdpSocket {
     }
     fn set_mark(&self, mark: u32) -> io::Result<()> {
         UdpSocket::set_mark(self, mark)
+    }
+    fn set_receive_buffer(&self, bytes: usize) -> io::Result<()> {
+        UdpSocket::set_receive_buffer(self, bytes)
     }
 }

@@ -157,6 +157,11 @@ counters! {
     rx_timed,
     rx_sojourn_ns,
     rx_sojourn_max_ns @max,
+    /// The data sockets' receive buffers (`socket_buffer`, with fq-codel): times one
+    /// was shrunk for a standing queue behind kernel drops, and times one was given its
+    /// configured size back.
+    rx_buffer_shrunk,
+    rx_buffer_restored,
     /// Handshake messages dropped because the handshake queue was full.
     handshake_queue_full,
     /// Handshake messages taken off the handshake lanes (cookie lane and plain), the

@@ -5,7 +5,9 @@
 //!
 //! Flow: `serve` adds each of an interface's sockets, with the sockets' `retired`
 //! waker beside it, to the reader of its kind and family → the reader receives one
-//! batch from each ready socket and classifies it (`stages::classify`) → when a new
+//! batch from each ready socket and classifies it (`stages::classify`); for a data
+//! socket under fq-codel it then weighs the batch's oldest wait for the socket's
+//! buffer size (`stages::udp_recv::follow_buffer`, `socket_buffer`) → when a new
 //! listen port replaces the sockets, their `retired` waker fires and each reader moves
 //! that interface to the successors → `unserve` takes the interface out and returns
 //! once no batch of it is in progress.
@@ -26,16 +28,18 @@
 //! missed. The waker comes with the sockets it retires and stays readable once fired,
 //! so the next wait reports it, and the reader moves on to the successors then.
 
+use crate::fq_codel::QueueDiscipline;
 use crate::interface::Interface;
 use crate::loops::{begin_read, HANDSHAKE_NICE, READER};
 use crate::ports::UdpPort;
 use crate::sched::Scheduler;
 use crate::shared_readers::{Member, Pool, Set};
+use crate::socket_buffer::SocketBuffer;
 use crate::sockets::SocketRole;
-use crate::stages::{self, gate::Replies, udp_recv::RecvScratch, StageCtx};
+use crate::stages::{self, gate::Replies, udp_recv, udp_recv::RecvScratch, StageCtx};
 use crate::threads::{self, Registry};
 use std::os::fd::RawFd;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use wirelane_io::poll::Waker;
 
 /// What a reader waits on for one interface (its kind and family are the set's).
@@ -47,8 +51,9 @@ struct Watched {
 
 #[derive(Clone)]
 enum Watch {
-    /// The interface's socket of the set's kind and family: datagrams to receive.
-    Socket(Arc<dyn UdpPort>),
+    /// The interface's socket of the set's kind and family: datagrams to receive, and
+    /// for a data socket under fq-codel, its receive buffer's controller.
+    Socket(Arc<dyn UdpPort>, Option<Arc<Mutex<SocketBuffer>>>),
     /// The `retired` waker of the sockets in use: they were replaced.
     Retired(Arc<Waker>),
 }
@@ -59,7 +64,7 @@ impl Member for Watched {
     }
     fn fd(&self) -> RawFd {
         match &self.watch {
-            Watch::Socket(s) => s.fd(),
+            Watch::Socket(s, _) => s.fd(),
             Watch::Retired(w) => w.fd(),
         }
     }
@@ -144,7 +149,9 @@ fn watch(
         set.add(member(Watch::Retired(w)))?;
     }
     if let Some(s) = sock {
-        set.add(member(Watch::Socket(s)))?;
+        let follows = role == SocketRole::Data && iface.queue == QueueDiscipline::FqCodel;
+        let buffer = follows.then(|| Arc::new(Mutex::new(udp_recv::buffer_control(iface))));
+        set.add(member(Watch::Socket(s, buffer)))?;
     }
     Ok(())
 }
@@ -166,19 +173,24 @@ fn read_loop(set: &Set<Watched>, sched: &dyn Scheduler, role: SocketRole, v6: bo
                 iface.fail(format!("watching the new UDP sockets failed: {e}"));
             }
         }
-        Watch::Socket(sock) => {
+        Watch::Socket(sock, buffer) => {
             let c = StageCtx {
                 iface: &iface,
                 sched,
             };
             let gro = sock.gro_enabled();
             let scratch = scratch[usize::from(gro)].get_or_insert_with(|| RecvScratch::new(gro));
-            match stages::udp_recv::recv_batch(&*sock, scratch) {
+            match udp_recv::recv_batch(&*sock, scratch) {
                 Ok(packets) => {
                     begin_read(1);
+                    let oldest = packets.first().map(|p| p.arrival_ns);
                     let classified = || stages::classify::classify(c, packets, &mut replies);
                     if stages::contained(&iface, "udp receive", classified).is_none() {
                         replies = Replies::default();
+                    }
+                    if let (Some(ctl), Some(oldest)) = (&buffer, oldest) {
+                        let n = scratch.received();
+                        udp_recv::follow_buffer(&iface, &*sock, ctl, oldest, n);
                     }
                 }
                 Err(e) => tracing::warn!(error = %e, "UDP receive failed"),

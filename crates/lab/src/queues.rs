@@ -45,6 +45,12 @@ pub struct QueueSig {
     pub hs_dequeued: u64,
     #[serde(default)]
     pub hs_sojourn_ns: u64,
+    /// Times a data socket's receive buffer was shrunk for a standing queue behind the
+    /// kernel's drops, and given its configured size back.
+    #[serde(default)]
+    pub rx_buffer_shrunk: u64,
+    #[serde(default)]
+    pub rx_buffer_restored: u64,
 }
 
 impl QueueSig {
@@ -79,6 +85,8 @@ impl QueueSig {
             tx_hist: hist("tx"),
             hs_dequeued: d("handshake_dequeued"),
             hs_sojourn_ns: d("handshake_sojourn_ns"),
+            rx_buffer_shrunk: d("rx_buffer_shrunk"),
+            rx_buffer_restored: d("rx_buffer_restored"),
         }
     }
 
@@ -100,6 +108,8 @@ impl QueueSig {
         add_hist(&mut self.tx_hist, &o.tx_hist);
         self.hs_dequeued += o.hs_dequeued;
         self.hs_sojourn_ns += o.hs_sojourn_ns;
+        self.rx_buffer_shrunk += o.rx_buffer_shrunk;
+        self.rx_buffer_restored += o.rx_buffer_restored;
     }
 
     /// The receive sojourn below which a share `q` of the packets stayed, in µs, as

@@ -3,17 +3,25 @@
 //! several datagrams of one flow in one buffer; they are split apart here, so later
 //! stages always see single datagrams. Each keeps the kernel's arrival time (where its
 //! sojourn starts), its outer ECN field, and whether more datagrams waited behind it.
+//! After each receive from a data socket, the oldest datagram's wait is weighed for the
+//! socket's buffer size (`follow_buffer`, `socket_buffer`).
 
+use crate::interface::Interface;
 use crate::packet::{Packet, MAX_BATCH};
 use crate::ports::UdpPort;
+use crate::socket_buffer::{BufferParams, SocketBuffer};
 use std::io;
-use wirelane_io::udp::RecvBatch;
+use std::sync::atomic::Ordering;
+use std::sync::Mutex;
+use wirelane_io::udp::{RecvBatch, SOCKET_BUFFER};
 
 /// Receive buffers of one reader thread, allocated once.
 pub struct RecvScratch {
     batch: RecvBatch,
     /// The last receive used every buffer, so more may be queued already.
     filled: bool,
+    /// The kernel's buffers the last receive took (with GRO, each of many datagrams).
+    received: usize,
     /// The packets of the last receive. Kept, emptied, from one receive to the next:
     /// allocated afresh it was a large allocation (hundreds of packets with GRO) and
     /// several regrowths per receive.
@@ -34,6 +42,7 @@ impl RecvScratch {
         RecvScratch {
             batch: RecvBatch::new(count, size),
             filled: false,
+            received: 0,
             packets: Vec::new(),
         }
     }
@@ -42,6 +51,11 @@ impl RecvScratch {
     /// reader can receive again without first polling for it.
     pub fn filled(&self) -> bool {
         self.filled
+    }
+
+    /// How many of the kernel's buffers the last receive took.
+    pub fn received(&self) -> usize {
+        self.received
     }
 }
 
@@ -66,12 +80,62 @@ pub fn recv_batch<'s>(
         Err(e) if e.kind() == io::ErrorKind::WouldBlock => 0,
         Err(e) => return Err(e),
     };
+    s.received = n;
     s.filled = n == s.batch.capacity();
     if let Some((last, before)) = out.split_last_mut() {
         before.iter_mut().for_each(|p| p.queued_behind = true);
         last.queued_behind = s.filled;
     }
     Ok(out)
+}
+
+/// The smallest receive buffer a data socket is shrunk to: a few reads' worth.
+const BUFFER_FLOOR: usize = 256 << 10;
+
+/// A controller for a data socket of `iface`, with the receive CoDel's target and
+/// interval: the buffer's standing queue is one part of the sojourn that CoDel sees.
+pub fn buffer_control(iface: &Interface) -> SocketBuffer {
+    SocketBuffer::new(BufferParams {
+        target: iface.codel.target,
+        interval: iface.codel.interval,
+        floor: BUFFER_FLOOR,
+        ceiling: SOCKET_BUFFER,
+    })
+}
+
+/// Weighs one receive of `buffers` of the kernel's buffers from `sock`, whose oldest
+/// datagram the kernel stamped `oldest`, and resizes the socket's buffer when its
+/// controller decides at an interval's end. Only `sock`'s reader calls this, so the
+/// lock is never contended.
+pub fn follow_buffer(
+    iface: &Interface,
+    sock: &dyn UdpPort,
+    ctl: &Mutex<SocketBuffer>,
+    oldest: u64,
+    buffers: usize,
+) {
+    let now = iface.wall().as_nanos() as u64;
+    let mut ctl = ctl.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    if !ctl.observe(now, oldest, buffers) {
+        return;
+    }
+    let drops = match sock.drops() {
+        Ok(d) => d,
+        Err(e) => return tracing::debug!(error = %e, "reading a socket's drop count failed"),
+    };
+    let Some(size) = ctl.decide(now, drops) else {
+        return;
+    };
+    if let Err(e) = sock.set_receive_buffer(size) {
+        return tracing::debug!(error = %e, size, "resizing a socket's receive buffer failed");
+    }
+    let s = &iface.stats;
+    let counter = if size < SOCKET_BUFFER {
+        &s.rx_buffer_shrunk
+    } else {
+        &s.rx_buffer_restored
+    };
+    counter.fetch_add(1, Ordering::Relaxed);
 }
 
 #[cfg(test)]

@@ -27,8 +27,9 @@ use std::mem::{size_of, size_of_val, zeroed};
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
-/// Socket buffer size we ask for; large buffers absorb bursts between batches.
-const SOCKET_BUFFER: libc::c_int = 7 << 20;
+/// Socket buffer size we ask for; large buffers absorb bursts between batches. A data
+/// socket's receive buffer may later be resized (the dataplane's `socket_buffer`).
+pub const SOCKET_BUFFER: usize = 7 << 20;
 
 /// One datagram to send, with everything its outer header needs: where to, from
 /// which local address (None: the route's choice) and the ECN field.
@@ -174,8 +175,9 @@ impl UdpSocket {
             (libc::SO_RCVBUFFORCE, libc::SO_RCVBUF),
             (libc::SO_SNDBUFFORCE, libc::SO_SNDBUF),
         ] {
-            if setsockopt_int(raw, libc::SOL_SOCKET, force, SOCKET_BUFFER).is_err() {
-                let _ = setsockopt_int(raw, libc::SOL_SOCKET, plain, SOCKET_BUFFER);
+            let size = SOCKET_BUFFER as libc::c_int;
+            if setsockopt_int(raw, libc::SOL_SOCKET, force, size).is_err() {
+                let _ = setsockopt_int(raw, libc::SOL_SOCKET, plain, size);
             }
         }
         if reuse_port {

@@ -360,3 +360,37 @@ fn send_each_sends_each_datagram_as_asked_and_says_which_left() {
         assert_eq!(got, (payload.to_vec(), ecn));
     }
 }
+
+/// A receive buffer shrunk below what it holds keeps every datagram already queued and
+/// drops only new arrivals, until its queue falls below the new size; given its size
+/// back, it takes arrivals again. The dataplane's `socket_buffer` resizes a live data
+/// socket on this: no datagram it accepted is lost by a resize.
+#[test]
+fn a_shrunk_receive_buffer_keeps_its_queue_and_drops_only_new_arrivals() {
+    let a = UdpSocket::bind(false, 0).unwrap();
+    let b = UdpSocket::bind(false, 0).unwrap();
+    let dst = SocketAddr::from(([127, 0, 0, 1], b.local_port().unwrap()));
+    let numbered = |range: std::ops::Range<u16>| -> Vec<Vec<u8>> {
+        range
+            .map(|i| [i.to_be_bytes().as_slice(), &[0; 998]].concat())
+            .collect()
+    };
+    let send = |dgrams: &[Vec<u8>]| {
+        let msgs: Vec<(&[u8], SocketAddr)> = dgrams.iter().map(|d| (&d[..], dst)).collect();
+        assert_eq!(a.send_batch(&msgs, None, NOT_ECT).unwrap(), msgs.len());
+    };
+    // Loopback delivers within the send, so the counts are final when it returns.
+    let queued = numbered(0..200);
+    send(&queued);
+    assert_eq!(b.drops().unwrap(), 0);
+    // 200 datagrams of 1 KiB hold far more than the smallest buffer the kernel allows.
+    b.set_receive_buffer(0).unwrap();
+    send(&numbered(200..250));
+    assert_eq!(b.drops().unwrap(), 50);
+    assert_eq!(receive(&b, 200), queued);
+    b.set_receive_buffer(SOCKET_BUFFER).unwrap();
+    let later = numbered(250..260);
+    send(&later);
+    assert_eq!(receive(&b, 10), later);
+    assert_eq!(b.drops().unwrap(), 50);
+}
