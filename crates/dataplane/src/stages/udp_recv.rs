@@ -141,10 +141,63 @@ pub fn follow_buffer(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::memory::MemoryNet;
+    use crate::fq_codel::QueuePolicy;
+    use crate::memory::{MemoryNet, MemoryTun, SOCKET_DATAGRAMS};
     use crate::ports::UdpPort;
+    use crate::sockets::Sockets;
     use std::sync::Arc;
+    use std::time::Duration;
     use wirelane_io::udp::{Outgoing, NOT_ECT};
+
+    /// A data socket flooded past its buffer is shrunk once an interval shows the loss
+    /// and a standing wait, and given its size back after an interval without loss.
+    /// (The in-memory socket drops past a fixed count and ignores the size; the kernel
+    /// side of a resize is `io::udp`'s test.)
+    #[test]
+    fn a_flooded_socket_is_shrunk_and_given_its_size_back_when_the_flood_ends() {
+        let net = Arc::new(MemoryNet::default());
+        let a = net.socket("10.0.0.1:1".parse().unwrap(), None).unwrap();
+        let b = net.socket("10.0.0.2:2".parse().unwrap(), None).unwrap();
+        let tun = MemoryTun::new("wl-test", |_| {}, None).unwrap();
+        let sockets = Sockets::bind(0, 0).unwrap();
+        let iface = Interface::new(Box::new(tun), sockets, QueuePolicy::default()).unwrap();
+        let ctl = Mutex::new(buffer_control(&iface));
+        let dgram = [4u8; 32];
+        let flood: Vec<_> = (0..SOCKET_DATAGRAMS + 500)
+            .map(|_| Outgoing {
+                payload: &dgram,
+                dst: b.addr(),
+                src: None,
+                ecn: NOT_ECT,
+            })
+            .collect();
+        a.send_each(&flood, &mut vec![false; flood.len()]).unwrap();
+        assert_eq!(b.drops().unwrap(), 500);
+        // Reads whose oldest datagram waited `ms`, one interval apart (a slower
+        // machine only makes the interval longer).
+        let read = |ms: u64| {
+            let oldest = iface.wall().as_nanos() as u64 - ms * 1_000_000;
+            follow_buffer(&iface, &*b, &ctl, oldest, 10);
+        };
+        let total = |shrunk: bool| {
+            iface.stats.total(|c| {
+                if shrunk {
+                    &c.rx_buffer_shrunk
+                } else {
+                    &c.rx_buffer_restored
+                }
+            })
+        };
+        read(14);
+        std::thread::sleep(Duration::from_millis(110));
+        read(14);
+        assert_eq!((total(true), total(false)), (1, 0));
+        assert!(ctl.lock().unwrap().size() < SOCKET_BUFFER);
+        std::thread::sleep(Duration::from_millis(110));
+        read(1);
+        assert_eq!((total(true), total(false)), (1, 1));
+        assert_eq!(ctl.lock().unwrap().size(), SOCKET_BUFFER);
+    }
 
     #[test]
     fn each_packet_knows_whether_others_waited_behind_it() {
