@@ -41,12 +41,13 @@ pub struct BufferParams {
     pub interval: u64,
     /// The smallest size set, bytes (as asked of the kernel, which doubles it).
     pub floor: usize,
-    /// The configured size, restored when nothing stands in the buffer.
+    /// The configured size, restored when the loss ends.
     pub ceiling: usize,
 }
 
-/// Of the target, what a shrink aims at: between the restore threshold (half) and the
-/// target, so that a steady overload settles in the "keep" band instead of swinging.
+/// Of the target, what a shrink aims at: below it, so that a steady overload's wait
+/// settles under the target and the next intervals keep the size instead of shrinking
+/// it again on noise.
 const AIM_NUM: u64 = 3;
 const AIM_DEN: u64 = 4;
 
