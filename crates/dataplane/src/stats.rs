@@ -208,6 +208,12 @@ counters! {
     serial_empty_polls,
     serial_head_pending,
     serial_budget_exhausted,
+    /// Transmit flushes drained inside a TUN reader's plug (`stages::tx_flush::plugged`),
+    /// and the sends the plugs made, each of all its flushes' datagrams at once: the
+    /// send calls of a transmit run are its invocations less the plugged ones plus
+    /// these (the model's calibration charges the per-invocation cost to them).
+    serial_plugged,
+    serial_plug_sends,
     /// Nanoseconds the runtime's threads spent on this interface's crypt and serial
     /// items (its share of the pool).
     busy_ns,

@@ -52,6 +52,12 @@ pub struct Signatures {
     pub empty_polls: u64,
     pub head_pending: u64,
     pub budget_exhausted: u64,
+    /// Transmit flushes run inside a TUN reader's plug, and the sends the plugs made
+    /// (absent from older builds' records: none).
+    #[serde(default)]
+    pub plugged: u64,
+    #[serde(default)]
+    pub plug_sends: u64,
     /// Invocations by packets handled: bucket 0 none, bucket i in [2^(i-1), 2^i).
     pub hist: Vec<u64>,
     pub threads: Vec<ThreadSig>,
@@ -102,6 +108,8 @@ impl Signatures {
             empty_polls: d("serial_empty_polls"),
             head_pending: d("serial_head_pending"),
             budget_exhausted: d("serial_budget_exhausted"),
+            plugged: d("serial_plugged"),
+            plug_sends: d("serial_plug_sends"),
             hist,
             threads: threads.into_values().collect(),
             queues: crate::queues::QueueSig::between(before, after),

@@ -232,6 +232,7 @@ pub fn flush(c: StageCtx<'_>, peer: &Arc<Peer>, budget: usize) -> Drained {
         };
         if plugged {
             PLUG.with_borrow_mut(|p| p.as_mut().expect("plugged").held.push(f));
+            c.iface.stats.serial_plugged.fetch_add(1, Ordering::Relaxed);
             break drained;
         }
         // A panic from here on gives the claim up, as one inside a drain does, so
@@ -313,6 +314,10 @@ pub fn plugged<R>(c: StageCtx<'_>, f: impl FnOnce() -> R) -> R {
         if held.is_empty() {
             break;
         }
+        c.iface
+            .stats
+            .serial_plug_sends
+            .fetch_add(1, Ordering::Relaxed);
         let send = || {
             super::timed(c.iface, || {
                 let sent = send_flushes(c, &held);

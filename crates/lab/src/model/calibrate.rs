@@ -43,6 +43,10 @@ pub struct Observation {
     pub packets: u64,
     pub batches: u64,
     pub invocations: u64,
+    /// Of the invocations, transmit flushes run inside a reader's plug, and the sends
+    /// the plugs made (0 and 0 in records from before the daemon counted them).
+    pub plugged: u64,
+    pub plug_sends: u64,
     pub reader_s: f64,
     /// Workers and serial threads or pollers: the crypt and serial stages.
     pub stages_s: f64,
@@ -57,6 +61,12 @@ pub struct Observation {
 impl Observation {
     pub fn packets_per_poll(&self) -> f64 {
         self.packets as f64 / self.invocations.max(1) as f64
+    }
+
+    /// The serial stage's send calls (transmit) or invocations (receive): a plugged
+    /// flush adds its datagrams to its plug's one send.
+    pub fn serial_calls(&self) -> u64 {
+        (self.invocations + self.plug_sends).saturating_sub(self.plugged)
     }
 }
 
@@ -111,6 +121,8 @@ fn observe(r: &RunRecord) -> Option<Observation> {
         packets: sig.packets,
         batches: sig.batches,
         invocations: sig.invocations,
+        plugged: sig.plugged,
+        plug_sends: sig.plug_sends,
         reader_s,
         stages_s,
         aead_floor_s_per_gb: star.aead_floor_s_per_gb,
@@ -135,6 +147,8 @@ pub fn observe_outcome(sc: &Scenario, cores: usize, floor: f64, o: &Outcome) -> 
         packets: o.signature.packets,
         batches: o.signature.batches,
         invocations: o.signature.invocations,
+        plugged: o.signature.plugged,
+        plug_sends: o.signature.plug_sends,
         reader_s: o.busy.reader_s,
         stages_s: o.busy.worker_s + o.busy.serial_s,
         aead_floor_s_per_gb: floor,
@@ -293,7 +307,7 @@ pub fn fit_direction(obs: &[(&Observation, Overhead)]) -> Result<StageCosts> {
                 - o.size as f64 * byte_ns
                 - reader_packet_ns
                 - reader_item_ns * items;
-            (y, items, per(o, o.invocations as f64))
+            (y, items, per(o, o.serial_calls() as f64))
         })
         .collect();
     let weights: Vec<f64> = obs.iter().map(|(o, _)| weight(o)).collect();

@@ -138,6 +138,9 @@ pub struct Signature {
     pub budget_exhausted: u64,
     pub crypt_items: u64,
     pub reader_batches: u64,
+    /// Transmit flushes a reader ran inside its plug, and the sends its plugs made.
+    pub plugged: u64,
+    pub plug_sends: u64,
 }
 
 impl Signature {
@@ -152,6 +155,8 @@ impl Signature {
             budget_exhausted: self.budget_exhausted - earlier.budget_exhausted,
             crypt_items: self.crypt_items - earlier.crypt_items,
             reader_batches: self.reader_batches - earlier.reader_batches,
+            plugged: self.plugged - earlier.plugged,
+            plug_sends: self.plug_sends - earlier.plug_sends,
         }
     }
 }
@@ -165,6 +170,9 @@ pub struct Pipeline {
     /// Per reader: the groups of its last read still to be queued, the first waiting
     /// for room in its peer's queue (`QueueFull::Wait`).
     pub(super) held: Vec<VecDeque<(u32, u32, Ns)>>,
+    /// Per reader: its current read's plug has a send to make already, so a further
+    /// flush it runs adds its datagrams to that send (`stages::tx_flush::plugged`).
+    pub(super) plug_open: Vec<bool>,
     pub(super) shared: VecDeque<Item>,
     pub(super) per_worker: Vec<VecDeque<Item>>,
     /// Whether workers are pinned one per core, each with a queue of its own for the
@@ -234,6 +242,7 @@ impl Pipeline {
             sockets: vec![VecDeque::new(); p.reader_threads],
             reader_waiting: vec![false; p.reader_threads],
             held: vec![VecDeque::new(); p.reader_threads],
+            plug_open: vec![false; p.reader_threads],
             shared: VecDeque::new(),
             per_worker: (0..sc.workers).map(|_| VecDeque::new()).collect(),
             per_core: sc.model == Model::Softirq || p.pool == Pool::PerCore,
@@ -375,6 +384,7 @@ impl Pipeline {
                 }
                 let packets: Vec<_> = pipe.sockets[r].drain(..n).collect();
                 pipe.sig.reader_batches += 1;
+                pipe.plug_open[r] = false;
                 let cost = c.reader_batch_ns + n as f64 * c.reader_packet_ns;
                 Some((Work::Read { packets }, cost))
             }

@@ -126,7 +126,18 @@ impl Pipeline {
             Model::Workqueue => {
                 let queued = pipe.peers[peer as usize].queued;
                 if Self::shortcut(sim, waker, queued) {
-                    let (work, cost) = sim.pipe.serial_step(peer, usize::MAX, true);
+                    let (work, mut cost) = sim.pipe.serial_step(peer, usize::MAX, true);
+                    if let (Direction::Tx, Role::Reader(r)) = (sim.pipe.dir, sim.ctxs[waker].role) {
+                        // The reader's plug: the read's flushes leave in one send, which
+                        // the first pays for (its per-invocation cost is the send's).
+                        let pipe = &mut sim.pipe;
+                        pipe.sig.plugged += 1;
+                        if std::mem::replace(&mut pipe.plug_open[r], true) {
+                            cost -= pipe.costs.serial_invocation_ns;
+                        } else {
+                            pipe.sig.plug_sends += 1;
+                        }
+                    }
                     sim.ctxs[waker].work_debt_ns += cost;
                     Self::complete(sim, waker, work, core);
                     return;

@@ -351,6 +351,8 @@ fn calibration_recovers_known_parameters_from_synthetic_runs() {
                         packets: 0,
                         batches: 0,
                         invocations: 0,
+                        plugged: 0,
+                        plug_sends: 0,
                         reader_s: 0.0,
                         stages_s: 0.0,
                         aead_floor_s_per_gb: 0.55,
@@ -375,7 +377,9 @@ fn calibration_recovers_known_parameters_from_synthetic_runs() {
                 / mine.len() as f64
         };
         let items = mean_per_packet(|o| o.batches);
-        let invocations = mean_per_packet(|o| o.invocations);
+        // Transmit's per-invocation cost is paid per send call (a reader's plug makes
+        // one for all the flushes it ran).
+        let invocations = mean_per_packet(|o| o.serial_calls());
         let reader = |c: &StageCosts| c.reader_packet_ns + c.reader_item_ns * items;
         let stages = |c: &StageCosts| {
             c.serial_packet_ns + c.crypt_item_ns * items + c.serial_invocation_ns * invocations
