@@ -163,19 +163,25 @@ fn median(v: Vec<f64>) -> f64 {
     crate::stats::median(&v).unwrap_or(0.0)
 }
 
-/// Weighted least squares of y = a + b·x1 + c·x2 over the columns `use_x` selects (an
+/// Columns a fit may use, per packet: crypt items, serial invocations, send calls.
+pub const COLUMNS: usize = 3;
+
+/// One run for a fit: its cost per packet and its [`COLUMNS`] per packet.
+pub type Row = (f64, [f64; COLUMNS]);
+
+/// Weighted least squares of y = a + Σ bₖ·xₖ over the columns `use_x` selects (an
 /// unused column's coefficient is 0), by Gaussian elimination on the normal equations;
-/// row i counts `weights[i]` times. None when a selected column does not vary or the
-/// system is singular.
+/// row i counts `weights[i]` times. Returns [a, b₁, …]; None when a selected column
+/// does not vary or the system is singular.
 pub fn least_squares(
-    rows: &[(f64, f64, f64)],
+    rows: &[Row],
     weights: &[f64],
-    use_x: [bool; 2],
-) -> Option<[f64; 3]> {
+    use_x: [bool; COLUMNS],
+) -> Option<[f64; COLUMNS + 1]> {
     let cols: Vec<usize> = std::iter::once(0)
-        .chain((1..3).filter(|&k| use_x[k - 1]))
+        .chain((1..=COLUMNS).filter(|&k| use_x[k - 1]))
         .collect();
-    let x = |r: &(f64, f64, f64), k: usize| [1.0, r.1, r.2][k];
+    let x = |r: &Row, k: usize| if k == 0 { 1.0 } else { r.1[k - 1] };
     for &k in &cols[1..] {
         let mean = rows.iter().map(|r| x(r, k)).sum::<f64>() / rows.len().max(1) as f64;
         let var =
@@ -211,7 +217,7 @@ pub fn least_squares(
             }
         }
     }
-    let mut out = [0.0; 3];
+    let mut out = [0.0; COLUMNS + 1];
     for (i, &k) in cols.iter().enumerate() {
         out[k] = m[i][n] / m[i][i];
     }
@@ -219,35 +225,42 @@ pub fn least_squares(
 }
 
 /// The weighted sum of squared residuals of `c` over `rows`.
-fn residual(rows: &[(f64, f64, f64)], weights: &[f64], c: &[f64; 3]) -> f64 {
+fn residual(rows: &[Row], weights: &[f64], c: &[f64; COLUMNS + 1]) -> f64 {
     rows.iter()
         .zip(weights)
-        .map(|(r, w)| w * (r.0 - c[0] - c[1] * r.1 - c[2] * r.2).powi(2))
+        .map(|(r, w)| {
+            let fitted = c[0] + r.1.iter().zip(&c[1..]).map(|(x, b)| x * b).sum::<f64>();
+            w * (r.0 - fitted).powi(2)
+        })
         .sum()
 }
 
 /// The least-squares fit with the most columns whose coefficients are all ≥ 0 (a
-/// negative cost is a sign that the runs cannot tell two terms apart); of the two
-/// one-column fits, the one that leaves the smaller residual. Taking the per-item
-/// column whenever it was not negative charged transmit's per-send cost to every
-/// item: at 300 peers items are one packet each while a flush sends one to three,
-/// and the runs fit per-invocation costs better.
-pub fn fit_nonneg(rows: &[(f64, f64, f64)], weights: &[f64]) -> [f64; 3] {
+/// negative cost is a sign that the runs cannot tell two terms apart); of the fits
+/// with that many columns, the one that leaves the smaller residual. Taking the
+/// per-item column whenever it was not negative charged transmit's per-send cost to
+/// every item: at 300 peers items are one packet each while a flush sends one to
+/// three, and the runs fit per-invocation costs better.
+pub fn fit_nonneg(rows: &[Row], weights: &[f64]) -> [f64; COLUMNS + 1] {
     let nonneg =
         |use_x| least_squares(rows, weights, use_x).filter(|c| c.iter().all(|v| *v >= 0.0));
-    if let Some(c) = nonneg([true, true]) {
-        return c;
-    }
-    let single = [nonneg([true, false]), nonneg([false, true])];
-    if let Some(c) = single
-        .into_iter()
-        .flatten()
-        .min_by(|a, b| residual(rows, weights, a).total_cmp(&residual(rows, weights, b)))
-    {
-        return c;
+    let subsets = |k: u32| {
+        (1u32..1 << COLUMNS)
+            .filter(move |m| m.count_ones() == k)
+            .map(|m| std::array::from_fn(|i| m & (1 << i) != 0))
+    };
+    for k in (1..=COLUMNS as u32).rev() {
+        let best = subsets(k)
+            .filter_map(nonneg)
+            .min_by(|a, b| residual(rows, weights, a).total_cmp(&residual(rows, weights, b)));
+        if let Some(c) = best {
+            return c;
+        }
     }
     let mean = rows.iter().map(|r| r.0).sum::<f64>() / rows.len().max(1) as f64;
-    [mean.max(0.0), 0.0, 0.0]
+    let mut c = [0.0; COLUMNS + 1];
+    c[0] = mean.max(0.0);
+    c
 }
 
 /// What the simulation charged to scheduling in an observation's cell, ns per packet:
@@ -286,19 +299,19 @@ pub fn fit_direction(obs: &[(&Observation, Overhead)]) -> Result<StageCosts> {
     } else {
         obs.iter().collect()
     };
-    let reader_rows: Vec<(f64, f64, f64)> = reader_obs
+    let reader_rows: Vec<Row> = reader_obs
         .iter()
         .map(|(o, ov)| {
-            (
-                per(o, o.reader_s * 1e9) - ov.reader,
-                per(o, o.batches as f64),
-                0.0,
-            )
+            let items = per(o, o.batches as f64);
+            (per(o, o.reader_s * 1e9) - ov.reader, [items, 0.0, 0.0])
         })
         .collect();
     let reader_weights: Vec<f64> = reader_obs.iter().map(|(o, _)| weight(o)).collect();
-    let [reader_packet_ns, reader_item_ns, _] = fit_nonneg(&reader_rows, &reader_weights);
-    let rows: Vec<(f64, f64, f64)> = obs
+    let [reader_packet_ns, reader_item_ns, ..] = fit_nonneg(&reader_rows, &reader_weights);
+    // Send calls apart from invocations only where the readers' plugs made them differ
+    // (transmit); elsewhere the column is left out, as one that does not vary is.
+    let plugs = obs.iter().any(|(o, _)| o.plugged > 0);
+    let rows: Vec<Row> = obs
         .iter()
         .map(|(o, ov)| {
             let items = per(o, o.batches as f64);
@@ -307,11 +320,17 @@ pub fn fit_direction(obs: &[(&Observation, Overhead)]) -> Result<StageCosts> {
                 - o.size as f64 * byte_ns
                 - reader_packet_ns
                 - reader_item_ns * items;
-            (y, items, per(o, o.serial_calls() as f64))
+            let invocations = per(o, o.invocations as f64);
+            let sends = if plugs {
+                per(o, o.serial_calls() as f64)
+            } else {
+                0.0
+            };
+            (y, [items, invocations, sends])
         })
         .collect();
     let weights: Vec<f64> = obs.iter().map(|(o, _)| weight(o)).collect();
-    let [per_packet, per_item, per_invocation] = fit_nonneg(&rows, &weights);
+    let [per_packet, per_item, per_invocation, per_send] = fit_nonneg(&rows, &weights);
     let background = median(obs.iter().map(|(o, _)| o.background_share).collect());
     Ok(StageCosts {
         background_share: background.min(0.9),
@@ -325,6 +344,7 @@ pub fn fit_direction(obs: &[(&Observation, Overhead)]) -> Result<StageCosts> {
         serial_invocation_ns: per_invocation,
         serial_batch_ns: 0.0,
         serial_packet_ns: per_packet,
+        serial_send_ns: per_send,
     })
 }
 
@@ -389,6 +409,7 @@ fn blend(old: &StageCosts, new: &StageCosts, w: f64) -> StageCosts {
         serial_invocation_ns: m(old.serial_invocation_ns, new.serial_invocation_ns),
         serial_batch_ns: m(old.serial_batch_ns, new.serial_batch_ns),
         serial_packet_ns: m(old.serial_packet_ns, new.serial_packet_ns),
+        serial_send_ns: m(old.serial_send_ns, new.serial_send_ns),
     }
 }
 

@@ -63,6 +63,11 @@ pub struct StageCosts {
     pub serial_invocation_ns: f64,
     pub serial_batch_ns: f64,
     pub serial_packet_ns: f64,
+    /// Serial stage, per send call (TX: a flush's own, or one for all the flushes a
+    /// reader's plug holds); 0 where `serial_invocation_ns` carries it, as in the
+    /// sets fitted before the daemon counted its plugs.
+    #[serde(default)]
+    pub serial_send_ns: f64,
 }
 
 /// What scheduling costs, in nanoseconds.
@@ -289,6 +294,7 @@ impl Params {
                 c.serial_invocation_ns,
                 c.serial_batch_ns,
                 c.serial_packet_ns,
+                c.serial_send_ns,
             ];
             if !all.into_iter().all(finite) {
                 return Err(format!("{dir} stage costs must be finite and ≥ 0"));

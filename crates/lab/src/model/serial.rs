@@ -30,7 +30,11 @@ impl Pipeline {
             packets += e.packets;
         }
         let c = &self.costs;
-        let invocation = if first { c.serial_invocation_ns } else { 0.0 };
+        let invocation = if first {
+            c.serial_invocation_ns + c.serial_send_ns
+        } else {
+            0.0
+        };
         let cost = invocation
             + entries as f64 * c.serial_batch_ns
             + f64::from(packets) * c.serial_packet_ns;
@@ -129,11 +133,11 @@ impl Pipeline {
                     let (work, mut cost) = sim.pipe.serial_step(peer, usize::MAX, true);
                     if let (Direction::Tx, Role::Reader(r)) = (sim.pipe.dir, sim.ctxs[waker].role) {
                         // The reader's plug: the read's flushes leave in one send, which
-                        // the first pays for (its per-invocation cost is the send's).
+                        // the first pays for.
                         let pipe = &mut sim.pipe;
                         pipe.sig.plugged += 1;
                         if std::mem::replace(&mut pipe.plug_open[r], true) {
-                            cost -= pipe.costs.serial_invocation_ns;
+                            cost -= pipe.costs.serial_send_ns;
                         } else {
                             pipe.sig.plug_sends += 1;
                         }
