@@ -211,7 +211,7 @@ counters! {
     /// Transmit flushes drained inside a TUN reader's plug (`stages::tx_flush::plugged`),
     /// and the sends the plugs made, each of all its flushes' datagrams at once: the
     /// send calls of a transmit run are its invocations less the plugged ones plus
-    /// these (the model's calibration charges the per-invocation cost to them).
+    /// these (the model's calibration charges its per-send cost to them).
     serial_plugged,
     serial_plug_sends,
     /// Nanoseconds the runtime's threads spent on this interface's crypt and serial
