@@ -18,8 +18,6 @@ use wirelane_io::udp::{RecvBatch, SOCKET_BUFFER};
 /// Receive buffers of one reader thread, allocated once.
 pub struct RecvScratch {
     batch: RecvBatch,
-    /// The last receive used every buffer, so more may be queued already.
-    filled: bool,
     /// The kernel's buffers the last receive took (with GRO, each of many datagrams).
     received: usize,
     /// The packets of the last receive. Kept, emptied, from one receive to the next:
@@ -41,7 +39,6 @@ impl RecvScratch {
         let count = if gro { GRO_RECV_BUFFERS } else { MAX_BATCH };
         RecvScratch {
             batch: RecvBatch::new(count, size),
-            filled: false,
             received: 0,
             packets: Vec::new(),
         }
@@ -50,7 +47,7 @@ impl RecvScratch {
     /// Whether the last receive used every buffer: the socket may hold more, and the
     /// reader can receive again without first polling for it.
     pub fn filled(&self) -> bool {
-        self.filled
+        self.received == self.batch.capacity()
     }
 
     /// How many of the kernel's buffers the last receive took.
@@ -64,7 +61,7 @@ pub fn recv_batch<'s>(
     sock: &dyn UdpPort,
     s: &'s mut RecvScratch,
 ) -> io::Result<&'s mut Vec<Packet>> {
-    s.filled = false;
+    s.received = 0;
     let out = &mut s.packets;
     // What the last receive's consumer left (it drains them all).
     out.clear();
@@ -81,10 +78,11 @@ pub fn recv_batch<'s>(
         Err(e) => return Err(e),
     };
     s.received = n;
-    s.filled = n == s.batch.capacity();
+    let filled = s.filled();
+    let out = &mut s.packets;
     if let Some((last, before)) = out.split_last_mut() {
         before.iter_mut().for_each(|p| p.queued_behind = true);
-        last.queued_behind = s.filled;
+        last.queued_behind = filled;
     }
     Ok(out)
 }
