@@ -367,6 +367,7 @@ pub fn wirelane_platform(cores: usize) -> Platform {
         crypt_ring_packets: 0,
         peer_queue_packets: wirelane_dataplane::queue::MAX_QUEUED_PACKETS,
         tx_peer_queue_packets: wirelane_dataplane::stages::fq::RING_PACKETS,
+        tx_ring_limit: true,
         peer_queue_full: QueueFull::Wait,
         inflight_packets: budget::BUDGET_MAX_PACKETS,
         inflight_min_packets: budget::BUDGET_MIN_PACKETS,

@@ -592,5 +592,23 @@ impl Sim {
         }
         // If another context runs now, `dispatch` pays the switch and starts its slice.
         self.dispatch(core);
+        self.kick_idle(core);
+    }
+
+    /// A core that keeps a thread waiting while another core idles has that core pull
+    /// it, as Linux's busy core kicks an idle one into balancing (`nohz_balancer_kick`
+    /// when a run queue holds two or more). Without it, a thread that yielded its slice
+    /// behind a pinned one would wait on its core with the other core free.
+    fn kick_idle(&mut self, core: usize) {
+        let waiting = self.cores[core]
+            .normal
+            .iter()
+            .any(|&x| self.ctxs[x].pinned.is_none());
+        if !waiting {
+            return;
+        }
+        if let Some(idle) = (0..self.cores.len()).find(|&c| c != core && self.core_idle(c)) {
+            self.dispatch(idle);
+        }
     }
 }

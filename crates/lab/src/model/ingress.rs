@@ -209,15 +209,20 @@ impl Pipeline {
         let mut shortcuts_left = wirelane_dataplane::loops::shortcuts_per_read(queues);
         while let Some((peer, n, arrived)) = groups.pop_front() {
             let pipe = &mut sim.pipe;
-            let room = pipe.peer_room(peer_cap, peer, n);
-            let pe = &mut pipe.peers[peer as usize];
-            if flow_queues && !(room && pe.backlog.is_empty()) {
-                // The daemon's flow queues: packets wait there, before their nonce,
-                // until a flush pumps them into the room it made (`pump`).
-                pe.backlog.push_back((n, arrived));
-                pipe.inflight.add(n as usize);
-                continue;
+            if flow_queues {
+                // The daemon's flow queues (`fq::enqueue`): a group that finds them
+                // idle and fits whole in the ring's room skips them; otherwise its
+                // packets wait there, before their nonce, and a pump moves what fits.
+                let (packets, bytes) = pipe.ring_room(peer_cap, peer);
+                let fits = n as usize <= packets && n as usize * pipe.size as usize <= bytes;
+                if !(fits && pipe.peers[peer as usize].backlog.is_empty()) {
+                    pipe.peers[peer as usize].backlog.push_back((n, arrived));
+                    pipe.inflight.add(n as usize);
+                    Self::pump(sim, peer, core, ctx);
+                    continue;
+                }
             }
+            let room = pipe.peer_room(peer_cap, peer, n);
             if !room {
                 if let (true, Role::Reader(r)) = (waits, sim.ctxs[ctx].role) {
                     groups.push_front((peer, n, arrived));
@@ -238,17 +243,44 @@ impl Pipeline {
         }
     }
 
-    /// A flush's end (`fq::pump`): the peer's flow-queued packets go into the room the
-    /// flush made in its ordered queue, and on to the crypt stage, from `ctx`.
+    /// `fq::pump`, after a read's enqueue and a flush's end: the peer's flow-queued
+    /// packets go into the room its ordered queue has, in chunks of at most a batch,
+    /// and on to the crypt stage, from `ctx`. As in the daemon, a packet enters while
+    /// any byte of room is left (the ring may pass its limit by one packet), and a pump
+    /// that stops at the limit with packets waiting tells the limit so.
     pub(super) fn pump(sim: &mut Sim, peer: u32, core: usize, ctx: usize) {
         let cap = sim.params.platform.peer_queue(sim.pipe.dir);
+        let size = sim.pipe.size as usize;
         while let Some(&(n, arrived)) = sim.pipe.peers[peer as usize].backlog.front() {
-            if !sim.pipe.peer_room(cap, peer, n) {
+            let (packets, bytes) = sim.pipe.ring_room(cap, peer);
+            let pe = &mut sim.pipe.peers[peer as usize];
+            if packets == 0 || bytes == 0 {
+                if let Some(ring) = &pe.ring {
+                    ring.note_held_back();
+                }
                 break;
             }
-            sim.pipe.peers[peer as usize].backlog.pop_front();
-            Self::admit(sim, (peer, n, arrived), core, ctx, false);
+            let take = (n as usize)
+                .min(packets)
+                .min(bytes.div_ceil(size))
+                .min(wirelane_dataplane::packet::MAX_BATCH) as u32;
+            if take == n {
+                pe.backlog.pop_front();
+            } else if let Some(front) = pe.backlog.front_mut() {
+                front.0 -= take;
+            }
+            Self::admit(sim, (peer, take, arrived), core, ctx, false);
         }
+    }
+
+    /// What may still enter `peer`'s transmit ring: (packets, bytes), as `fq::ring_room`.
+    pub(super) fn ring_room(&self, cap: usize, peer: u32) -> (usize, usize) {
+        let pe = &self.peers[peer as usize];
+        let bytes = match &pe.ring {
+            Some(ring) => ring.room(pe.queued * self.size as usize),
+            None => usize::MAX,
+        };
+        (cap.saturating_sub(pe.queued), bytes)
     }
 
     /// Enters a group in its peer's ordered queue and deals its crypt item on, or runs

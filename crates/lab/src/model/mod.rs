@@ -153,3 +153,5 @@ pub fn simulate(params: &Params, sc: &Scenario) -> Result<Outcome> {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_transmit;

@@ -164,6 +164,12 @@ pub struct Platform {
     /// behind the flow queues, `fq::RING_PACKETS`). 0: `peer_queue_packets`.
     #[serde(default)]
     pub tx_peer_queue_packets: usize,
+    /// On transmit, whether that ring is also bounded in bytes by the daemon's
+    /// adaptive limit (`ring_limit::RingLimit`, one per peer): it starts at its floor,
+    /// grows when a flush finds the ring dry while packets wait in the flow queues, and
+    /// falls by the slack it did not need. false: the packet bound alone.
+    #[serde(default)]
+    pub tx_ring_limit: bool,
     /// What a reader does with an item its peer's queue has no room for.
     #[serde(default)]
     pub peer_queue_full: QueueFull,

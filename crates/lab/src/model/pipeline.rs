@@ -34,6 +34,7 @@ use super::source::hash;
 use super::Scenario;
 use std::collections::VecDeque;
 use wirelane_dataplane::exec::Model;
+use wirelane_dataplane::ring_limit::RingLimit;
 
 /// Packets that arrived together for one peer: what a crypt item carries.
 pub(super) struct Entry {
@@ -49,6 +50,9 @@ pub(super) struct PeerState {
     /// On transmit, the packets in the peer's flow queues: groups (packets, arrival)
     /// that found its ordered queue full or others already waiting.
     pub(super) backlog: VecDeque<(u32, Ns)>,
+    /// On transmit, the daemon's byte limit on the ordered queue, where the platform
+    /// has one (`Platform::tx_ring_limit`).
+    pub(super) ring: Option<RingLimit>,
     pub(super) scheduled: bool,
     /// The kernel's `NAPIF_STATE_MISSED`: a completion found the stage already
     /// scheduled, so the poll that ends next schedules it once more, on its own core.
@@ -222,12 +226,14 @@ impl Pipeline {
                 (1 + (u - 1.0 - p.rss_skew) as usize).min(p.cores - 1)
             }
         };
+        let ring_limit = p.tx_ring_limit && sc.direction == Direction::Tx;
         let peers = (0..sc.peers)
             .map(|i| PeerState {
                 queue: VecDeque::new(),
                 head_seq: 0,
                 queued: 0,
                 backlog: VecDeque::new(),
+                ring: ring_limit.then(RingLimit::default),
                 scheduled: false,
                 missed: false,
                 host_queue: rss(i),

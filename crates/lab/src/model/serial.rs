@@ -60,6 +60,13 @@ impl Pipeline {
         } = step;
         Self::deliver(sim, peer, entries, packets);
         if packets > 0 {
+            let pe = &sim.pipe.peers[peer as usize];
+            if let Some(ring) = &pe.ring {
+                // `tx_flush::finish`: the limit learns from what this flush sent and
+                // what it left, before the pump fills the room it made.
+                let size = sim.pipe.size as usize;
+                ring.completed(packets as usize * size, pe.queued * size, sim.now);
+            }
             Self::pump(sim, peer, core, ctx);
             Self::wake_held_readers(sim, ctx);
         }
