@@ -250,7 +250,8 @@ pub fn markdown(records: &[RunRecord], baseline: &str, impl_order: &[String]) ->
         records.iter().filter_map(|r| r.star.clone()).collect();
     if !stars.is_empty() {
         let cpu = records.first().map_or("", |r| r.env.cpu_model.as_str());
-        out.push_str(&crate::star::report::table(&stars, cpu));
+        out.push_str(&crate::star::table::table(&stars, cpu));
+        out.push_str(&crate::star::table::paired_table(&stars, baseline));
     }
     let disagree = records.iter().filter(|r| r.cpu.disagree).count();
     if disagree > 0 {

@@ -21,6 +21,7 @@ pub mod send_floor;
 pub mod sink;
 pub mod spec;
 pub mod storm;
+pub mod table;
 
 use crate::cpu;
 use crate::impls::{start_tunnels, Impl};

@@ -4,10 +4,10 @@
 //! 000's Fig. 8), cost per byte against the AEAD floor, loss and where it happened,
 //! delay, memory and handshake time.
 
+use super::table::{paired_table, table};
 use super::{aead_floor, run_one, Shape, StarRecord, StarSpec, Way};
 use crate::impls::Impl;
 use crate::stats::median;
-use crate::summary::markdown_table;
 use crate::Result;
 use std::io::Write;
 use std::path::Path;
@@ -49,119 +49,6 @@ pub fn load(path: &Path) -> Result<Vec<StarRecord>> {
         .filter(|l| !l.trim().is_empty())
         .map(|l| Ok(serde_json::from_str(l)?))
         .collect()
-}
-
-/// The share of `sent` not delivered, %; None when nothing was sent.
-fn lost_pct(sent: u64, delivered: u64) -> Option<f64> {
-    (sent > 0).then(|| 100.0 * sent.saturating_sub(delivered) as f64 / sent as f64)
-}
-
-fn fmt(v: Option<f64>, digits: usize) -> String {
-    v.map_or("–".into(), |v| format!("{v:.digits$}"))
-}
-
-/// Medians per cell shape (direction, N, offered load, storm) and implementation.
-pub fn table(records: &[StarRecord], cpu: &str) -> String {
-    let mut keys: Vec<(Shape, String)> = Vec::new();
-    for r in records {
-        let Some(s) = &r.spec else { continue };
-        let k = (s.shape(), r.implementation.clone());
-        if !keys.contains(&k) {
-            keys.push(k);
-        }
-    }
-    keys.sort_by_key(|k| k.0.order());
-    let mut rows = Vec::new();
-    for (shape, name) in &keys {
-        let (runs, failed): (Vec<&StarRecord>, Vec<&StarRecord>) = records
-            .iter()
-            .filter(|r| {
-                r.implementation == *name && r.spec.as_ref().is_some_and(|s| s.shape() == *shape)
-            })
-            .partition(|r| r.error.is_none());
-        let failed = failed.len();
-        let m = |f: &dyn Fn(&StarRecord) -> Option<f64>| {
-            median(&runs.iter().filter_map(|r| f(r)).collect::<Vec<_>>())
-        };
-        let floor = m(&|r| Some(r.aead_floor_s_per_gb));
-        let per_gb = m(&|r| r.cpu_s_per_gb);
-        let lost = m(&|r| lost_pct(r.sent + r.unsent, r.delivered));
-        let wrong = match shape.sink {
-            super::sink::SinkKind::Blackhole => "unchecked".to_string(),
-            super::sink::SinkKind::Socket => runs
-                .iter()
-                .map(|r| r.reordered + r.duplicates + r.corrupted + r.misdelivered + r.sample_bad)
-                .sum::<u64>()
-                .to_string(),
-        };
-        rows.push([
-            shape.to_string(),
-            name.clone(),
-            format!(
-                "{}{}",
-                runs.len(),
-                if failed > 0 {
-                    format!(" ({failed} failed)")
-                } else {
-                    String::new()
-                }
-            ),
-            fmt(m(&|r| Some(r.goodput_bps / 1e9)), 2),
-            fmt(per_gb, 2),
-            fmt(per_gb.zip(floor).map(|(c, f)| c / f), 2),
-            fmt(lost, 2),
-            wrong,
-            fmt(m(&|r| r.delay_p99_us.map(|d| d / 1e3)), 2),
-            fmt(m(&|r| r.light.as_ref()?.delay_p99_us.map(|d| d / 1e3)), 2),
-            fmt(
-                m(&|r| r.light.as_ref().and_then(|l| lost_pct(l.sent, l.delivered))),
-                2,
-            ),
-            fmt(m(&|r| r.peak_rss_kib.map(|k| k as f64 / 1024.0)), 0),
-            fmt(m(&|r| r.rss_growth_kib().map(|k| k as f64 / 1024.0)), 1),
-            fmt(m(&|r| r.handshake.to_all_s), 2),
-            fmt(m(&|r| r.storm_during.as_ref().and_then(|s| s.to_all_s)), 2),
-            fmt(m(&|r| Some(r.generator_cores)), 2),
-            fmt(m(&|r| crate::cpu::spread(&r.core_busy)), 2),
-            fmt(m(&|r| r.tunnel_fairness()), 3),
-            fmt(m(&|r| r.daemon_threads.map(|t| t as f64)), 0),
-        ]);
-    }
-    markdown_table(
-        &format!(
-            "Star: one gateway, N emulated peers. Medians of the repeats; CPU: {cpu}. \
-             \"wrong\" sums reordered, duplicated, corrupted and misdelivered packets and \
-             bad samples over all runs; a blackhole sink only counts. With light peers, \
-             \"delay\" is the heavy peers'. \"RSS growth\" (phases of 2 minutes or more): \
-             the daemon's largest resident set in the phase's last minute less that in its \
-             first. Over several tunnels, peer i is on tunnel i mod T, and \"tunnel \
-             fairness\" is Jain's index over what each tunnel delivered. Peak RSS and \
-             daemon threads sum the daemon's processes (one per tunnel, but for \
-             wirelane)."
-        ),
-        &[
-            "cell",
-            "implementation",
-            "runs",
-            "goodput Gbit/s",
-            "daemon CPU-s/GB",
-            "× AEAD floor",
-            "lost %",
-            "wrong",
-            "delay p99 ms",
-            "light peers: delay p99 ms",
-            "light peers: lost %",
-            "peak RSS MiB",
-            "RSS growth MiB",
-            "all handshakes s",
-            "storm during: all s",
-            "generator cores",
-            "core spread",
-            "tunnel fairness",
-            "daemon threads",
-        ],
-        &rows,
-    )
 }
 
 /// `wirelane-lab star`: the sweep from the command line.
@@ -334,7 +221,9 @@ pub fn run_cli(a: &StarArgs) -> Result<()> {
             );
         },
     )?;
-    let md = table(&records, &env.cpu_model);
+    // The first implementation named is the baseline the others are paired with.
+    let baseline = impls.first().map(|i| i.name()).unwrap_or_default();
+    let md = table(&records, &env.cpu_model) + &paired_table(&records, &baseline);
     std::fs::write(dir.join("star.md"), &md)?;
     std::fs::write(
         dir.join("star.html"),
