@@ -8,7 +8,11 @@
 //!   futex wake, one futex wait);
 //! - `wakeup_latency_ns`: a hand-off across cores (wall) less the waker's share;
 //! - `switch_ns`: a hand-off on one core, where each one is a context switch, less the
-//!   wake-up's CPU;
+//!   two system calls around it (a futex wake that finds no waiter and a futex wait
+//!   that returns at once). Not less the cross-core wake-up: that one pays for an
+//!   inter-processor interrupt, on a VM an exit to the hypervisor (7 µs of the
+//!   waker's CPU here against 2 µs for a whole hand-off on one core), and subtracting
+//!   it left the switch at 0 on every run;
 //! - `preempt_ns`: refilling the working set after another thread used the core;
 //! - `migration_ns`: refilling it on another core.
 //! - `spin_ns`: what a thread spends in a channel receive (crossbeam, as the daemon's
@@ -83,6 +87,33 @@ fn ping_pong(cpu_a: usize, cpu_b: usize, rounds: u64) -> Result<(f64, f64)> {
     let cpu = (thread_cpu_ns() - cpu0) / rounds as f64;
     b.join().map_err(|_| "probe thread panicked")?;
     Ok((wall, cpu))
+}
+
+/// ns of one futex wake that finds no waiter plus one futex wait whose word does not
+/// match (both return at once): the system calls of a hand-off without the switch.
+fn futex_calls_ns(rounds: u64) -> f64 {
+    let word = std::sync::atomic::AtomicU32::new(0);
+    let start = Instant::now();
+    for _ in 0..rounds {
+        // SAFETY: both calls only read the word, a live local; with no waiter and a
+        // value that does not match, neither sleeps.
+        unsafe {
+            libc::syscall(
+                libc::SYS_futex,
+                word.as_ptr(),
+                libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
+                1,
+            );
+            libc::syscall(
+                libc::SYS_futex,
+                word.as_ptr(),
+                libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
+                1u32,
+                std::ptr::null::<libc::timespec>(),
+            );
+        }
+    }
+    start.elapsed().as_nanos() as f64 / rounds as f64
 }
 
 /// CPU ns per round of a thread that receives on a crossbeam channel an answer that
@@ -164,7 +195,7 @@ pub fn measure() -> Result<SchedCosts> {
         Ok(SchedCosts {
             wakeup_ns,
             wakeup_latency_ns: (cross_wall - wakeup_ns).max(0.0),
-            switch_ns: (same_wall - wakeup_ns).max(0.0),
+            switch_ns: (same_wall - futex_calls_ns(rounds)).max(0.0),
             migration_ns: (moved - warm).max(0.0),
             preempt_ns: (polluted - warm).max(0.0),
             timeslice_ns: 0.75e6 * (1.0 + log2),
