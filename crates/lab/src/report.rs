@@ -412,6 +412,40 @@ mod tests {
         }
     }
 
+    /// The paired ratio divides each run by the baseline's run of its own repeat: here
+    /// the baseline ran slow in two repeats of three, so its median halves, while the
+    /// other implementation is 10% ahead within every repeat. A repeat whose baseline
+    /// run failed pairs with nothing.
+    #[test]
+    fn paired_ratios_divide_runs_of_the_same_repeat() {
+        let base = [
+            rec("s", "base", 0, 4.0),
+            rec("s", "base", 1, 2.0),
+            rec("s", "base", 2, 2.0),
+            RunRecord {
+                error: Some("failed".into()),
+                ..rec("s", "base", 3, 1.0)
+            },
+        ];
+        let other = [
+            rec("s", "new", 0, 4.4),
+            rec("s", "new", 1, 2.2),
+            rec("s", "new", 2, 2.2),
+            rec("s", "new", 3, 40.0),
+        ];
+        let (b, o): (Vec<&RunRecord>, Vec<&RunRecord>) =
+            (base.iter().collect(), other.iter().collect());
+        let goodput = |r: &RunRecord| r.tcp.first().map(|t| t.goodput_bps);
+        let paired = crate::summary::paired_ratio(&o, &b, goodput).unwrap();
+        assert!((paired - 1.1).abs() < 1e-9, "{paired}");
+        let md = crate::summary::markdown(
+            &base.iter().chain(other.iter()).cloned().collect::<Vec<_>>(),
+            "base",
+            &["base".to_string(), "new".to_string()],
+        );
+        assert!(md.contains("(paired 1.10×)"), "{md}");
+    }
+
     #[test]
     fn history_shows_change_between_sets() {
         let mut sets = BTreeMap::new();
@@ -458,7 +492,10 @@ mod tests {
             &["wirelane".into(), "wireguard-go".into()],
         );
         assert!(
-            md.contains("| tcp 1x a→b | wirelane | goodput Gbit/s | 2.00 (1.00–3.00) | 2.00× |"),
+            // Only repeat 0 has a baseline run to pair with: 1.0 against 1.0.
+            md.contains(
+                "| tcp 1x a→b | wirelane | goodput Gbit/s | 2.00 (1.00–3.00) | 2.00× (paired 1.00×) |"
+            ),
             "{md}"
         );
         assert!(

@@ -2,7 +2,7 @@
 //! the repeats with min and max, and ratios against the baseline implementation.
 
 use crate::record::RunRecord;
-use crate::stats::{ratio, summarize, Summary};
+use crate::stats::{median, ratio, summarize, Summary};
 use std::collections::BTreeMap;
 
 /// The headline figure of a cell kind, and whether higher is better.
@@ -137,6 +137,26 @@ pub fn summary_of(runs: &[&RunRecord], f: fn(&RunRecord) -> Option<f64>) -> Opti
     summarize(&xs)
 }
 
+/// The median over repeats of each run's figure divided by the baseline's figure in
+/// the same repeat. Repeats are interleaved, so the two runs of a pair are seconds
+/// apart and share the host's state, which drifts by tens of percent over minutes on
+/// a VM: this ratio holds where the ratio of two medians can differ by the drift.
+pub fn paired_ratio(
+    runs: &[&RunRecord],
+    base: &[&RunRecord],
+    f: fn(&RunRecord) -> Option<f64>,
+) -> Option<f64> {
+    let value = |r: &RunRecord| f(r).filter(|_| r.error.is_none());
+    let ratios: Vec<f64> = runs
+        .iter()
+        .filter_map(|r| {
+            let b = base.iter().find(|b| b.repeat == r.repeat)?;
+            Some(value(r)? / value(b).filter(|&v| v != 0.0)?)
+        })
+        .collect();
+    median(&ratios)
+}
+
 fn fmt_num(x: f64) -> String {
     if x >= 100.0 {
         format!("{x:.0}")
@@ -161,7 +181,7 @@ pub fn markdown(records: &[RunRecord], baseline: &str, impl_order: &[String]) ->
     let mut out = String::new();
     if let Some(r) = records.first() {
         out.push_str(&format!(
-            "Matrix `{}`, set `{}`: {} cores ({}), kernel {}, commit {}. Medians of {} repeat(s), (min–max); ratio against {baseline}.\n\n",
+            "Matrix `{}`, set `{}`: {} cores ({}), kernel {}, commit {}. Medians of {} repeat(s), (min–max); ratio against {baseline}: of the medians, and (paired) the median of each repeat's ratio to {baseline}'s run of the same repeat.\n\n",
             r.matrix,
             r.set,
             r.env.cores,
@@ -184,8 +204,8 @@ pub fn markdown(records: &[RunRecord], baseline: &str, impl_order: &[String]) ->
         let impls = &g.by_cell[cell];
         let first = g.first_of(cell);
         for m in metrics_for(first) {
-            let base = impls
-                .get(baseline)
+            let base_runs = impls.get(baseline);
+            let base = base_runs
                 .and_then(|v| summary_of(v, m.extract))
                 .map(|s| s.median);
             for name in impl_order {
@@ -201,8 +221,14 @@ pub fn markdown(records: &[RunRecord], baseline: &str, impl_order: &[String]) ->
                     ));
                     continue;
                 };
-                let rat =
-                    ratio(s.median, base).map_or("–".into(), |x| format!("{}×", fmt_ratio(x)));
+                let paired = base_runs
+                    .filter(|_| name != baseline)
+                    .and_then(|b| paired_ratio(runs, b, m.extract));
+                let rat = match (ratio(s.median, base), paired) {
+                    (Some(x), Some(p)) => format!("{}× (paired {}×)", fmt_ratio(x), fmt_ratio(p)),
+                    (Some(x), None) => format!("{}×", fmt_ratio(x)),
+                    (None, _) => "–".into(),
+                };
                 let extra = match first.cell {
                     crate::matrix::Cell::Udp { .. } => summary_of(runs, udp_loss).map(|s| {
                         // Where the kernel saw it: the sender's queue, the receiver's
