@@ -76,6 +76,20 @@ pub const BUDGET_MIN_PACKETS: usize = 1024;
 #[cfg(not(loom))]
 const _: () = assert!(BUDGET_MIN_PACKETS >= crate::packet::RX_BATCH_MAX);
 
+/// The least share of [`BUDGET_MIN_PACKETS`] an interface keeps when several share one
+/// worker pool ([`QueueBudget::share_floor`]): one receive batch, which a reader admits
+/// whole, and four transmit reads.
+///
+/// Why the floor is shared: it is there so that the workers never run dry behind a
+/// waiting reader, and the workers are the process's, not an interface's. Each of 16
+/// tunnels keeping the whole floor let 16 times as many packets wait in flight as one
+/// tunnel with the same 16 flows: a transmitted packet then spent 8.4 ms from its TUN
+/// read to its send against 3.3 ms, each tunnel's items waiting out a round of the
+/// pool's deficit round robin over the others' (BENCHMARKS.md, "Many tunnels").
+pub const BUDGET_MIN_SHARE_PACKETS: usize = 256;
+#[cfg(not(loom))]
+const _: () = assert!(BUDGET_MIN_SHARE_PACKETS >= crate::packet::RX_BATCH_MAX);
+
 /// Packets an interface's peers hold staged together while their handshakes run
 /// (8 MiB of buffers), beside each peer's own bound (`peer::MAX_STAGED_PACKETS`).
 /// Nothing waits for it: past it, staging drops, since a peer without a session must
@@ -92,6 +106,18 @@ pub struct Budgets {
     pub rx: Arc<QueueBudget>,
     pub tx: Arc<QueueBudget>,
     pub staged: Arc<QueueBudget>,
+}
+
+impl Budgets {
+    /// Re-sizes both directions' budgets at `now`, with their floors shared among the
+    /// `sharers` interfaces that draw on the same worker pool (the timer thread's, every
+    /// tick).
+    pub fn resize(&self, now: Instant, sharers: usize) {
+        for b in [&self.rx, &self.tx] {
+            b.share_floor(sharers);
+            b.resize(now);
+        }
+    }
 }
 
 impl Default for Budgets {
@@ -122,6 +148,9 @@ struct Sizing {
     drained: AtomicU64,
     /// When `resize` last looked, and `drained` then.
     last: std::sync::Mutex<Option<(Instant, u64)>>,
+    /// The floor `resize` keeps now: `min`, or this interface's share of it
+    /// (`share_floor`).
+    floor: AtomicUsize,
 }
 
 impl QueueBudget {
@@ -152,6 +181,7 @@ impl QueueBudget {
                 target,
                 drained: AtomicU64::new(0),
                 last: std::sync::Mutex::new(None),
+                floor: AtomicUsize::new(min.min(max)),
             }),
         }
     }
@@ -172,8 +202,23 @@ impl QueueBudget {
         let rate = drained.saturating_sub(before) as f64 / secs;
         let wanted = (rate * s.target.as_secs_f64()) as usize;
         let old = self.limit.load(Ordering::Relaxed);
-        let limit = wanted.max(old - old / 8).clamp(s.min, s.max);
+        let floor = s.floor.load(Ordering::Relaxed);
+        let limit = wanted.max(old - old / 8).clamp(floor, s.max);
         self.limit.store(limit, Ordering::Relaxed);
+    }
+
+    /// Shares the floor among `sharers` interfaces that draw on one worker pool: each
+    /// keeps `min / sharers`, never less than [`BUDGET_MIN_SHARE_PACKETS`] (nor more
+    /// than `min`), so that the packets the floors hold in flight stay near one floor's
+    /// however many tunnels the process serves. Takes effect at the next `resize`; a
+    /// fixed budget has no floor.
+    pub fn share_floor(&self, sharers: usize) {
+        if let Some(s) = &self.sizing {
+            let floor = (s.min / sharers.max(1))
+                .max(BUDGET_MIN_SHARE_PACKETS)
+                .min(s.min);
+            s.floor.store(floor, Ordering::Relaxed);
+        }
     }
 
     /// The bound now, packets.
@@ -273,6 +318,33 @@ mod tests {
         // A burst after the quiet moment: the limit follows the rate it drains at.
         run(&b, &mut t, 10_000, 1);
         assert_eq!(b.limit(), 5_000);
+    }
+
+    /// Sixteen interfaces on one pool each fall to a sixteenth of the floor, but not
+    /// below one receive batch; alone again, an interface gets the whole floor back.
+    #[test]
+    fn interfaces_sharing_a_pool_share_the_floor() {
+        let b = QueueBudget::by_drain();
+        let mut t = Instant::now();
+        b.share_floor(4);
+        b.resize(t);
+        run(&b, &mut t, 0, 100);
+        assert_eq!(b.limit(), BUDGET_MIN_PACKETS / 4);
+        b.share_floor(16);
+        run(&b, &mut t, 0, 100);
+        assert_eq!(b.limit(), BUDGET_MIN_SHARE_PACKETS);
+        b.share_floor(1);
+        run(&b, &mut t, 0, 1);
+        assert_eq!(b.limit(), BUDGET_MIN_PACKETS);
+        // What the drain rate asks for still holds above the shared floor.
+        b.share_floor(16);
+        run(&b, &mut t, 10_000, 1);
+        assert_eq!(b.limit(), 1_000);
+        // A fixed budget has no floor to share.
+        let fixed = QueueBudget::new(10);
+        fixed.share_floor(16);
+        fixed.resize(t);
+        assert_eq!(fixed.limit(), 10);
     }
 
     #[test]

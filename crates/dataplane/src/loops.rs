@@ -196,12 +196,13 @@ pub fn timer_loop(
         }
         if Instant::now() >= next_tick {
             let now = Instant::now();
-            for iface in list().iter().filter(|i| !i.stopping()) {
+            let live: Vec<_> = list().into_iter().filter(|i| !i.stopping()).collect();
+            for iface in &live {
                 iface.refresh_wall_offset();
                 let c = StageCtx { iface, sched };
                 stages::contained(iface, "timers", || stages::timers::run_due(c));
-                iface.budgets.rx.resize(now);
-                iface.budgets.tx.resize(now);
+                // Every interface here draws on the one pool: they share its floor.
+                iface.budgets.resize(now, live.len());
             }
             next_tick = Instant::now() + TIMER_TICK;
         }
