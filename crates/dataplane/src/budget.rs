@@ -35,8 +35,10 @@
 //! thousand peers on two cores, past what stays in cache, and the copy, the AEAD and
 //! the TUN write each paid for it: the gateway delivered 0.8× and spent 1.2× the CPU
 //! per byte that it did with 1 ms (BENCHMARKS.md, "The receive budget"). The floor
-//! still covers a reader's full read, and 1 ms is five of a waiting reader's looks
-//! (`POLL`), so a waiting reader looks again long before the workers run dry. The
+//! still covers a reader's full read (shared by the tunnels of one pool, each keeps at
+//! least one receive batch: [`BUDGET_MIN_SHARE_PACKETS`]), and 1 ms is five of a
+//! waiting reader's looks (`POLL`), so a waiting reader looks again long before the
+//! workers run dry. The
 //! limit grows at once with the rate and shrinks by an eighth a tick at most, so a
 //! burst after a quiet moment finds the room a busy moment had. Only the last queue's
 //! exit counts as drained (`QueueBudget::drain`): a transmit packet moves from its
