@@ -211,9 +211,9 @@ impl QueueBudget {
 
     /// Shares the floor among `sharers` interfaces that draw on one worker pool: each
     /// keeps `min / sharers`, never less than [`BUDGET_MIN_SHARE_PACKETS`] (nor more
-    /// than `min`), so that the packets the floors hold in flight stay near one floor's
-    /// however many tunnels the process serves. Takes effect at the next `resize`; a
-    /// fixed budget has no floor.
+    /// than `min`), so that the floors together hold one floor's packets in flight up
+    /// to four tunnels, and one receive batch more for each tunnel past that. Takes
+    /// effect at the next `resize`; a fixed budget has no floor.
     pub fn share_floor(&self, sharers: usize) {
         if let Some(s) = &self.sizing {
             let floor = (s.min / sharers.max(1))

@@ -20,134 +20,15 @@
 //! Invariant: a core runs at most one step at a time, and a context is in exactly one
 //! of: sleeping, waking, queued on one core, running on one core.
 
+use super::context::Running;
+pub use super::context::{Core, Ctx, Event, Ns, Prio, Role, State};
 use super::pipeline::{Pipeline, Signature, Work};
 use super::source::{Schedule, Window};
 use super::{Outcome, Scenario};
 use crate::hist::Histogram;
 use crate::model::params::{Direction, Params};
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, VecDeque};
-
-pub type Ns = u64;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Prio {
-    High,
-    Normal,
-}
-
-/// What a context is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Role {
-    /// The host's softirq on a core: its host queue and, where the reader stage runs in
-    /// softirq (the kernel), the peers' NAPI polls.
-    Softirq(usize),
-    /// wirelane's `softirq`-model poller number i (pinned, high priority).
-    Poller(usize),
-    Reader(usize),
-    Worker(usize),
-    /// A `threaded`-model serial thread, by index.
-    SerialThread(usize),
-    /// Other work on a core (the load generator on this machine).
-    Background(usize),
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum State {
-    Sleeping,
-    Waking,
-    Queued,
-    Running,
-}
-
-pub struct Ctx {
-    pub role: Role,
-    pub prio: Prio,
-    pub pinned: Option<usize>,
-    pub state: State,
-    pub last_core: Option<usize>,
-    /// A preempted step and its remaining cost.
-    pub resume: Option<(Work, f64)>,
-    /// Wake-ups this context paid for, added to its next step (scheduling overhead).
-    pub debt_ns: f64,
-    /// Stage work it did on the side (per-item reader work, items run by the idle
-    /// shortcut), added to its next step.
-    pub work_debt_ns: f64,
-    pub busy_ns: u64,
-    /// Softirq and pollers: packets handled since the run began.
-    pub run_packets: usize,
-    /// A serial drain this context is in the middle of (its next step continues it).
-    pub continuation: Option<u32>,
-    /// Of `busy_ns`, what scheduling cost it: switches, migrations, wake-ups paid,
-    /// preemptions, looking for work before sleeping.
-    pub overhead_ns: u64,
-    /// It has looked for work once since it last found some: next time it sleeps.
-    pub spun: bool,
-    /// Woken from sleep and not yet run: the scheduler favours it (see `enqueue`).
-    pub woken: bool,
-    /// When it last joined a run queue (see `dispatch`).
-    pub queued_at: Ns,
-}
-
-impl Ctx {
-    /// Whether this is a thread of the daemon's, which spins briefly before it sleeps.
-    pub fn is_thread(&self) -> bool {
-        matches!(
-            self.role,
-            Role::Reader(_) | Role::Worker(_) | Role::SerialThread(_) | Role::Poller(_)
-        )
-    }
-}
-
-struct Running {
-    ctx: usize,
-    work: Work,
-    prio: Prio,
-    started: Ns,
-}
-
-#[derive(Default)]
-pub struct Core {
-    running: Option<Running>,
-    high: VecDeque<usize>,
-    normal: VecDeque<usize>,
-    epoch: u64,
-    last_ctx: Option<usize>,
-    slice_start: Ns,
-    /// Set while a finished step's effects apply, so that they do not start another.
-    finishing: bool,
-    pub busy_high_ns: u64,
-    pub busy_normal_ns: u64,
-    pub invocations: u64,
-    pub serial_packets: u64,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Event {
-    StepEnd {
-        core: usize,
-        epoch: u64,
-    },
-    Wake(usize),
-    /// Packets of a peer leave the link for the host.
-    Arrive {
-        peer: u32,
-        packets: u32,
-    },
-    /// A sleeping context's own timer (a reader polling for room).
-    Timer(usize),
-    Acked {
-        peer: u32,
-        packets: u32,
-    },
-    Lost {
-        peer: u32,
-        packets: u32,
-        /// Found by the retransmission timer rather than by acknowledgements.
-        timeout: bool,
-    },
-    Background(usize),
-}
+use std::collections::BinaryHeap;
 
 /// Scheduling counters.
 #[derive(Debug, Clone, Default, serde::Serialize)]

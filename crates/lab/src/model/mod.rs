@@ -14,6 +14,7 @@
 
 pub mod calibrate;
 pub mod cli;
+mod context;
 pub mod engine;
 mod inflight;
 mod ingress;
