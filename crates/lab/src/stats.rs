@@ -42,6 +42,25 @@ pub fn ratio(value: f64, baseline: Option<f64>) -> Option<f64> {
     baseline.filter(|b| *b != 0.0).map(|b| value / b)
 }
 
+/// Pairs each of `runs` with the run in `base` of the same repeat, and gives the ratio
+/// of `figure` within each pair whose two figures are known (the baseline's non-zero).
+/// Repeats are interleaved, so a pair's two runs are seconds apart and share the
+/// host's state, which drifts by tens of percent over minutes on a VM: the median of
+/// these ratios holds where the ratio of two medians can differ by the drift.
+pub fn paired_ratios<R>(
+    runs: &[&R],
+    base: &[&R],
+    repeat: fn(&R) -> usize,
+    figure: impl Fn(&R) -> Option<f64>,
+) -> Vec<f64> {
+    runs.iter()
+        .filter_map(|r| {
+            let b = base.iter().find(|b| repeat(b) == repeat(r))?;
+            ratio(figure(r)?, figure(b))
+        })
+        .collect()
+}
+
 /// Percentage change from `old` to `new`.
 pub fn pct_change(old: f64, new: f64) -> Option<f64> {
     (old != 0.0).then(|| (new - old) / old * 100.0)

@@ -2,7 +2,7 @@
 //! the repeats with min and max, and ratios against the baseline implementation.
 
 use crate::record::RunRecord;
-use crate::stats::{median, ratio, summarize, Summary};
+use crate::stats::{median, paired_ratios, ratio, summarize, Summary};
 use std::collections::BTreeMap;
 
 /// The headline figure of a cell kind, and whether higher is better.
@@ -138,23 +138,14 @@ pub fn summary_of(runs: &[&RunRecord], f: fn(&RunRecord) -> Option<f64>) -> Opti
 }
 
 /// The median over repeats of each run's figure divided by the baseline's figure in
-/// the same repeat. Repeats are interleaved, so the two runs of a pair are seconds
-/// apart and share the host's state, which drifts by tens of percent over minutes on
-/// a VM: this ratio holds where the ratio of two medians can differ by the drift.
+/// the same repeat (`stats::paired_ratios`); a failed run pairs with nothing.
 pub fn paired_ratio(
     runs: &[&RunRecord],
     base: &[&RunRecord],
     f: fn(&RunRecord) -> Option<f64>,
 ) -> Option<f64> {
     let value = |r: &RunRecord| f(r).filter(|_| r.error.is_none());
-    let ratios: Vec<f64> = runs
-        .iter()
-        .filter_map(|r| {
-            let b = base.iter().find(|b| b.repeat == r.repeat)?;
-            Some(value(r)? / value(b).filter(|&v| v != 0.0)?)
-        })
-        .collect();
-    median(&ratios)
+    median(&paired_ratios(runs, base, |r| r.repeat, value))
 }
 
 fn fmt_num(x: f64) -> String {

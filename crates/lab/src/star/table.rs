@@ -9,7 +9,7 @@
 //! ratio within a repeat compares runs that share the host's state.
 
 use super::{Shape, StarRecord};
-use crate::stats::median;
+use crate::stats::{median, paired_ratios, summarize};
 use crate::summary::markdown_table;
 
 /// The mean time a packet spent inside the daemon, ms, by its own counters: receive
@@ -170,39 +170,26 @@ pub fn paired_table(records: &[StarRecord], baseline: &str) -> String {
     keys.sort_by_key(|k| k.0.order());
     let mut rows = Vec::new();
     for (s, name) in &keys {
-        let pairs: Vec<(&StarRecord, &StarRecord)> = records
+        let of = |n: &str| -> Vec<&StarRecord> {
+            let same = |r: &&StarRecord| r.implementation == n && shape(r).as_ref() == Some(s);
+            records.iter().filter(ok).filter(same).collect()
+        };
+        let (runs, base) = (of(name), of(baseline));
+        let pairs = runs
             .iter()
-            .filter(ok)
-            .filter(|r| r.implementation == *name && shape(r).as_ref() == Some(s))
-            .filter_map(|r| {
-                let base = records.iter().filter(ok).find(|b| {
-                    b.implementation == baseline
-                        && b.repeat == r.repeat
-                        && shape(b).as_ref() == Some(s)
-                })?;
-                Some((r, base))
-            })
-            .collect();
-        if pairs.is_empty() {
+            .filter(|r| base.iter().any(|b| b.repeat == r.repeat))
+            .count();
+        if pairs == 0 {
             continue;
         }
-        let ratio = |f: Figure| {
-            let ratios: Vec<f64> = pairs
-                .iter()
-                .filter_map(|(r, b)| Some(f(r)? / f(b).filter(|&v| v > 0.0)?))
-                .collect();
-            let Some(m) = median(&ratios) else {
-                return "–".to_string();
-            };
-            let (lo, hi) = ratios
-                .iter()
-                .fold((f64::MAX, f64::MIN), |(l, h), &v| (l.min(v), h.max(v)));
-            format!("{m:.2}× ({lo:.2}–{hi:.2})")
+        let ratio = |f: Figure| match summarize(&paired_ratios(&runs, &base, |r| r.repeat, f)) {
+            Some(p) => format!("{:.2}× ({:.2}–{:.2})", p.median, p.min, p.max),
+            None => "–".to_string(),
         };
         rows.push([
             s.to_string(),
             name.clone(),
-            pairs.len().to_string(),
+            pairs.to_string(),
             ratio(PAIRED[0].1),
             ratio(PAIRED[1].1),
             ratio(PAIRED[2].1),
