@@ -1,3 +1,4 @@
 #!/bin/sh
-# wirelane with a CoDel target of 500us and interval of 10ms
-exec /tmp/wl-head --codel-target 500us --codel-interval 10ms "$@"
+# wirelane with CoDel's target at 500us and interval at 10ms.
+# Usage: DAEMON=path/to/wirelane wl-t05.sh ARGS (the lab passes ARGS)
+exec "${DAEMON:?}" --codel-target 500us --codel-interval 10ms "$@"
