@@ -164,7 +164,13 @@ fn runqueue_wait_per_cpu_s(r: &RunRecord) -> Option<f64> {
     (cpu > 0.0 && wait > 0.0).then(|| wait / cpu)
 }
 
-const HEADER: [&str; 14] = [
+/// The same for the lab's workload threads (the test applications); None in records
+/// from before the lab counted them.
+fn apps_runqueue_wait_per_cpu_s(r: &RunRecord) -> Option<f64> {
+    (r.cpu.apps_s > 0.0).then(|| r.cpu.apps_wait_s / r.cpu.apps_s)
+}
+
+const HEADER: [&str; 15] = [
     "cell",
     "implementation",
     "RX sojourn mean µs",
@@ -179,6 +185,7 @@ const HEADER: [&str; 14] = [
     "CoDel CE marks/s",
     "RFC 6040 drops",
     "daemon run-queue wait per CPU-s",
+    "applications' run-queue wait per CPU-s",
 ];
 
 fn per_s(n: u64, r: &RunRecord) -> f64 {
@@ -216,6 +223,7 @@ pub fn table(g: &Grouped<'_>, impl_order: &[String]) -> String {
         let marks = med(|r| both_ends(r).map(|q| per_s(q.tx_marked + q.rx_marked, r)));
         let ce = med(|r| both_ends(r).map(|q| q.rx_ce_not_ect as f64));
         let wait = med(runqueue_wait_per_cpu_s);
+        let apps_wait = med(apps_runqueue_wait_per_cpu_s);
         let f = |x: Option<f64>| x.map_or("–".to_string(), |x| format!("{x:.0}"));
         Some([
             cell.to_string(),
@@ -232,13 +240,15 @@ pub fn table(g: &Grouped<'_>, impl_order: &[String]) -> String {
             f(marks),
             f(ce),
             wait.map_or("–".to_string(), |x| format!("{x:.2}")),
+            apps_wait.map_or("–".to_string(), |x| format!("{x:.2}")),
         ])
     });
     markdown_table(
         "Queues (wirelane only; both ends, medians): receive sojourn from the kernel's \
          arrival time to the TUN write, transmit flow-queue sojourn and the transmit \
          path's from the TUN read to the send, the handshake lanes' wait, controller \
-         verdicts, and how long the daemons' threads waited for a CPU:",
+         verdicts, and how long the daemons' threads and the test applications waited \
+         for a CPU:",
         &HEADER,
         &rows,
     )

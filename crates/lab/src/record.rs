@@ -29,6 +29,13 @@ pub struct CpuReport {
     pub thread_s: f64,
     /// Daemon threads only, both tunnel ends.
     pub daemon_s: f64,
+    /// The lab's workload threads (the test applications: senders, receivers, request
+    /// clients and servers) that ran in the cell: CPU seconds, and seconds runnable
+    /// but waiting for a CPU. 0 in records from before the lab counted them.
+    #[serde(default)]
+    pub apps_s: f64,
+    #[serde(default)]
+    pub apps_wait_s: f64,
     /// True when the two views differ by more than 20%: kernel work outside any thread
     /// (softirq, or time accounted as idle) is large enough to matter.
     pub disagree: bool,

@@ -138,6 +138,7 @@ fn measure(which: Impl, cell: &Cell, dur: Duration, rec: &mut RunRecord) -> Resu
     let threads_before: Vec<_> = pids.iter().map(|p| cpu::read_threads(*p)).collect();
     let cores_before = cpu::read_cores();
     let self_before = self_cpu_s();
+    let apps_before = cpu::finished_workload_threads();
     let relay_before: Vec<_> = bed
         .relay
         .iter()
@@ -217,6 +218,7 @@ fn measure(which: Impl, cell: &Cell, dur: Duration, rec: &mut RunRecord) -> Resu
     }
     let cores_after = cpu::read_cores();
     let self_s = self_cpu_s() - self_before;
+    let apps = cpu::finished_workload_threads();
     let tick = cpu::ticks_per_second();
     let busy_core_s: f64 = cores_before
         .iter()
@@ -247,6 +249,8 @@ fn measure(which: Impl, cell: &Cell, dur: Duration, rec: &mut RunRecord) -> Resu
         busy_core_s,
         thread_s,
         daemon_s,
+        apps_s: apps.run_ns.saturating_sub(apps_before.run_ns) as f64 / 1e9,
+        apps_wait_s: apps.wait_ns.saturating_sub(apps_before.wait_ns) as f64 / 1e9,
         disagree: (busy_core_s - thread_s).abs() > (0.2 * busy_core_s).max(0.05),
     };
     let bytes = rec.delivered_bytes();

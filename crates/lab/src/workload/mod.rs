@@ -11,15 +11,17 @@ use std::sync::mpsc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-/// Spawns `f` on a thread inside namespace `ns`.
+/// Spawns `f` on a thread inside namespace `ns`. As it ends, the thread adds its CPU
+/// and run-queue time to the workload threads' sum (`cpu::finished_workload_threads`).
 pub fn in_ns<T: Send + 'static>(
     ns: &str,
     f: impl FnOnce() -> Result<T> + Send + 'static,
 ) -> JoinHandle<Result<T>> {
     let ns = ns.to_string();
     std::thread::spawn(move || {
-        crate::netns::enter(&ns)?;
-        f()
+        let out = crate::netns::enter(&ns).and_then(|()| f());
+        crate::cpu::add_finished_workload_thread();
+        out
     })
 }
 
