@@ -123,6 +123,7 @@ fn start_failures_are_reported() {
     for (args, needle) in [
         (vec![""], "not a valid interface name"),
         (vec!["a/b"], "not a valid interface name"),
+        (vec!["wg%d"], "not a valid interface name"),
         (vec!["sixteen-chars-xx"], "not a valid interface name"),
         (vec!["--workers", "0", "x"], "--workers"),
         (vec!["--workers", "1025", "x"], "--workers"),

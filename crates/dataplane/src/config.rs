@@ -190,8 +190,7 @@ impl Interface {
                     Some(p) => p,
                     None if pu.update_only => continue,
                     None => {
-                        let id = table.next_id;
-                        table.next_id = table.next_id.wrapping_add(1);
+                        let id = table.take_id();
                         let p = Arc::new(Peer::new(id, pu.public_key, [0; 32], &self.budgets));
                         table.by_key.insert(pu.public_key, p.clone());
                         table.by_id.insert(id, p.clone());

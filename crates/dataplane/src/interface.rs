@@ -57,6 +57,20 @@ pub struct PeerTable {
 }
 
 impl PeerTable {
+    /// A peer id no live peer holds. Ids count up and wrap after 2^32 peers made; one
+    /// still held by a peer from before the wrap is skipped, or the new peer would take
+    /// the old one's place in `by_id` and the two would share its routes. There are
+    /// fewer live peers than ids, so the search ends.
+    pub fn take_id(&mut self) -> u32 {
+        loop {
+            let id = self.next_id;
+            self.next_id = self.next_id.wrapping_add(1);
+            if !self.by_id.contains_key(&id) {
+                return id;
+            }
+        }
+    }
+
     pub fn route(&self, dst: std::net::IpAddr) -> Option<&Arc<Peer>> {
         self.allowed.lookup(dst).and_then(|id| self.by_id.get(&id))
     }
@@ -493,5 +507,25 @@ impl Interface {
         for i in held {
             map.remove(&i);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn peer_ids_wrap_around_the_ones_still_held() {
+        let budgets = crate::budget::Budgets::default();
+        let mut t = PeerTable {
+            next_id: u32::MAX,
+            ..PeerTable::default()
+        };
+        t.by_id
+            .insert(0, Arc::new(Peer::new(0, [1; 32], [0; 32], &budgets)));
+        assert_eq!(t.take_id(), u32::MAX);
+        // 0 is still a live peer's: the next id after the wrap is 1.
+        assert_eq!(t.take_id(), 1);
+        assert_eq!(t.take_id(), 2);
     }
 }

@@ -45,11 +45,13 @@ fn ifreq_with_name(name: &str) -> io::Result<libc::ifreq> {
     if name.is_empty()
         || name.len() >= libc::IFNAMSIZ
         || name.contains('/')
+        || name.contains('%')
         || name.contains(char::is_whitespace)
     {
+        // '%': the kernel would take the name as a template ("wg%d") and pick another.
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
-            format!("invalid interface name '{name}': 1 to 15 characters, no '/' or spaces"),
+            format!("invalid interface name '{name}': 1 to 15 characters, no '/', '%' or spaces"),
         ));
     }
     // SAFETY: ifreq is plain old data; all-zero is a valid value.
