@@ -11,7 +11,7 @@ use std::io::{self, BufRead, BufReader, Write};
 use std::net::SocketAddr;
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use wirelane_dataplane::config::{self, ApplyError};
 use wirelane_dataplane::sockets::SocketRole;
 use wirelane_dataplane::{DeviceSnapshot, DeviceUpdate, Interface, PeerUpdate, Runtime};
@@ -21,6 +21,70 @@ use wirelane_proto::{hex_key, parse_hex_key, Prefix};
 const MAX_LINE: usize = 4096;
 /// Most lines in one `set`: generous for 10^5 peers with several allowed IPs each.
 const MAX_LINES: usize = 4_000_000;
+/// Most bytes one `set` may hold while it is read, counting each line's bookkeeping
+/// (`LINE_OVERHEAD`): 10^5 peers with a few allowed IPs each take about 25 MiB. Without
+/// it a client could make one connection hold 16 GiB of lines before any was checked.
+const MAX_SET_BYTES: usize = 64 << 20;
+/// What a kept line costs beside its bytes (a `String`'s header and allocation).
+const LINE_OVERHEAD: usize = 32;
+/// How long one request may take to arrive and its answer to leave, and how long a
+/// connection may wait for its next request: a client that trickles a byte at a time,
+/// or never reads its answer, holds one of the few connection slots no longer than
+/// this. A `set` of 10^5 peers arrives in about a second.
+const REQUEST_LIMIT: Duration = Duration::from_secs(120);
+/// Longest wait for any one read or write within that.
+const IO_WAIT: Duration = Duration::from_secs(30);
+
+/// One direction of a UAPI connection, with a deadline its reads or writes must meet:
+/// each call waits at most until it, and fails once it has passed.
+struct Timed {
+    stream: UnixStream,
+    deadline: Instant,
+}
+
+impl Timed {
+    fn new(stream: UnixStream) -> Timed {
+        Timed {
+            stream,
+            deadline: Instant::now() + REQUEST_LIMIT,
+        }
+    }
+
+    /// Starts the clock for the next request or answer.
+    fn restart(&mut self) {
+        self.deadline = Instant::now() + REQUEST_LIMIT;
+    }
+
+    /// What is left before the deadline, at most `IO_WAIT`; an error once none is.
+    fn left(&self) -> io::Result<Duration> {
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "UAPI request or answer took longer than its limit",
+            ));
+        }
+        Ok(left.min(IO_WAIT))
+    }
+}
+
+impl io::Read for Timed {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.stream.set_read_timeout(Some(self.left()?))?;
+        self.stream.read(buf)
+    }
+}
+
+impl Write for Timed {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.stream.set_write_timeout(Some(self.left()?))?;
+        self.stream.write(buf)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.stream.flush()
+    }
+}
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 #[error("{message}")]
@@ -233,14 +297,14 @@ fn read_line(r: &mut impl BufRead, buf: &mut Vec<u8>) -> io::Result<Option<Strin
 
 /// Serves requests on one connection until the client closes it or errs.
 pub fn serve_connection(stream: UnixStream, dev: &Arc<Interface>, rt: &Runtime) -> io::Result<()> {
-    stream.set_read_timeout(Some(Duration::from_secs(30)))?;
-    let mut reader = BufReader::new(stream.try_clone()?);
-    let mut writer = io::BufWriter::new(stream);
+    let mut reader = BufReader::new(Timed::new(stream.try_clone()?));
+    let mut writer = io::BufWriter::new(Timed::new(stream));
     let mut buf = Vec::new();
     while let Some(op) = read_line(&mut reader, &mut buf)? {
         if dev.stopping() {
             return Ok(()); // The tunnel was removed while this connection waited.
         }
+        writer.get_mut().restart();
         match op.as_str() {
             "get=1" => {
                 // The request ends with a blank line; anything else is a protocol error.
@@ -264,12 +328,14 @@ pub fn serve_connection(stream: UnixStream, dev: &Arc<Interface>, rt: &Runtime) 
             }
             "set=1" => {
                 let mut lines = Vec::new();
+                let mut held = 0;
                 loop {
                     match read_line(&mut reader, &mut buf)? {
                         None => return Ok(()), // Client gave up mid-request: apply nothing.
                         Some(l) if l.is_empty() => break,
                         Some(l) => {
-                            if lines.len() >= MAX_LINES {
+                            held += l.len() + LINE_OVERHEAD;
+                            if lines.len() >= MAX_LINES || held > MAX_SET_BYTES {
                                 return Err(io::Error::new(
                                     io::ErrorKind::InvalidData,
                                     "UAPI request too large",
@@ -308,6 +374,8 @@ pub fn serve_connection(stream: UnixStream, dev: &Arc<Interface>, rt: &Runtime) 
             }
         }
         writer.flush()?;
+        // The next request has the limit to arrive in, from now.
+        reader.get_mut().restart();
     }
     Ok(())
 }
@@ -321,6 +389,28 @@ mod tests {
 
     fn set(text: &str) -> Result<DeviceUpdate, UapiError> {
         parse_set(text.lines())
+    }
+
+    #[test]
+    fn a_connection_past_its_deadline_neither_reads_nor_writes() {
+        let (a, mut b) = UnixStream::pair().unwrap();
+        b.write_all(b"get=1\n\n").unwrap();
+        let mut r = Timed::new(a.try_clone().unwrap());
+        let mut w = Timed::new(a);
+        let mut buf = [0u8; 8];
+        // Within the limit: data waiting is read.
+        assert!(io::Read::read(&mut r, &mut buf).unwrap() > 0);
+        r.deadline = Instant::now() - Duration::from_secs(1);
+        w.deadline = r.deadline;
+        let kind = |e: io::Error| e.kind();
+        assert_eq!(
+            io::Read::read(&mut r, &mut buf).map_err(kind),
+            Err(io::ErrorKind::TimedOut)
+        );
+        assert_eq!(w.write(b"x").map_err(kind), Err(io::ErrorKind::TimedOut));
+        // A restart gives the next request the whole limit again.
+        w.restart();
+        assert_eq!(w.write(b"x").unwrap(), 1);
     }
 
     #[test]

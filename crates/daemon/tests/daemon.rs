@@ -1,7 +1,7 @@
 //! The daemon as an operator meets it: wg-quick up/down, background start, clean
 //! shutdown, 10,000 peers through `wg setconf`, and bad input of every kind.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
 use std::process::Command;
@@ -211,6 +211,21 @@ fn bad_uapi_input_changes_nothing() {
         // The daemon hangs up on the over-long line; our write may see a reset.
         let _ = s.write_all(long.as_bytes());
     }
+    // A set larger than the daemon holds while it reads (64 MiB) is cut off before it
+    // ends, whatever its lines: 17,000 lines of 4,000 bytes. Read whole, it would be
+    // answered errno=-22 for its unknown key; cut off, it gets no answer.
+    {
+        let mut s = UnixStream::connect(socket_path(&d.ifname)).unwrap();
+        let line = format!("x={}\n", "a".repeat(4000));
+        let sent = std::iter::once("set=1\n")
+            .chain(std::iter::repeat_n(line.as_str(), 17_000))
+            .chain(std::iter::once("\n"))
+            .all(|l| s.write_all(l.as_bytes()).is_ok());
+        let mut reply = String::new();
+        let _ = s.read_to_string(&mut reply);
+        assert!(reply.is_empty(), "answered {reply:?} (all sent: {sent})");
+    }
+    assert_eq!(uapi(&d.ifname, "get=1\n\n"), before);
     // A client that disconnects mid-request applies nothing.
     {
         let mut s = UnixStream::connect(socket_path(&d.ifname)).unwrap();
