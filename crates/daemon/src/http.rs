@@ -4,7 +4,7 @@
 //! Flow: the `wl-metrics` thread accepts; each connection gets a `wl-metrics-conn`
 //! thread (at most [`MAX_CONNECTIONS`] at once; past that, a 503 and close) that reads
 //! one request head of at most [`MAX_HEAD`] bytes within [`READ_DEADLINE`], answers it
-//! and closes. Only the answer's body is built per request, by the `render` function
+//! (the client has `WRITE_DEADLINE` to take the answer) and closes. Only the answer's body is built per request, by the `render` function
 //! the server was given; no lock of the data path is held while it formats.
 //!
 //! Answers: 200 for `GET /metrics` (a query string is ignored), 405 for another method
@@ -29,8 +29,10 @@ pub const MAX_CONNECTIONS: usize = 4;
 pub const MAX_HEAD: usize = 8 << 10;
 /// Time a client has to send its request head, whatever its pace.
 pub const READ_DEADLINE: Duration = Duration::from_secs(5);
-/// Time a client has to take the answer.
-const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Time a client has to take the whole answer, whatever its pace: a timeout per write
+/// alone let a client that read a little every few seconds keep its place for as long
+/// as a large answer (a thousand peers' series) lasted.
+const WRITE_DEADLINE: Duration = Duration::from_secs(30);
 
 /// The body of a `GET /metrics`.
 pub type Render = Arc<dyn Fn() -> String + Send + Sync>;
@@ -188,7 +190,6 @@ fn read_head(mut stream: &TcpStream, buf: &mut Vec<u8>) -> io::Result<Option<usi
 
 /// Answers one connection, then gives back its place (`place`) and closes it.
 fn serve(stream: TcpStream, render: &Render, place: ActiveGuard) {
-    let _ = stream.set_write_timeout(Some(WRITE_TIMEOUT));
     let mut head = Vec::with_capacity(1024);
     let result = match read_head(&stream, &mut head) {
         Ok(Some(_)) => match parse_request_line(&head) {
@@ -234,7 +235,7 @@ fn serve(stream: TcpStream, render: &Render, place: ActiveGuard) {
 }
 
 fn respond(
-    mut stream: &TcpStream,
+    stream: &TcpStream,
     code: u16,
     reason: &str,
     headers: &[(&str, &str)],
@@ -251,14 +252,51 @@ fn respond(
         head.push_str("Content-Type: text/plain; charset=utf-8\r\n");
     }
     head.push_str("\r\n");
-    stream.write_all(head.as_bytes())?;
-    stream.write_all(body.as_bytes())?;
-    stream.flush()
+    let deadline = Instant::now() + WRITE_DEADLINE;
+    write_all_by(stream, head.as_bytes(), deadline)?;
+    write_all_by(stream, body.as_bytes(), deadline)
+}
+
+/// Writes all of `bytes` to `stream` by `deadline`, or fails with `TimedOut`.
+fn write_all_by(mut stream: &TcpStream, mut bytes: &[u8], deadline: Instant) -> io::Result<()> {
+    while !bytes.is_empty() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::ErrorKind::TimedOut.into());
+        }
+        stream.set_write_timeout(Some(left))?;
+        match stream.write(bytes) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => bytes = &bytes[n..],
+            // As for reads: a signal is no reason to drop the client.
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_answer_not_taken_by_its_deadline_is_abandoned() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        // A client that never reads: its socket buffers fill and the writes block.
+        let _client = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (server, _) = l.accept().unwrap();
+        let big = vec![b'x'; 64 << 20];
+        let deadline = Instant::now() + Duration::from_millis(200);
+        let err = write_all_by(&server, &big, deadline).unwrap_err();
+        assert!(
+            matches!(
+                err.kind(),
+                io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock
+            ),
+            "{err}"
+        );
+    }
 
     #[test]
     fn request_lines() {
