@@ -9,6 +9,7 @@ pub mod metrics;
 pub mod pool;
 pub mod privileges;
 pub mod supervisor;
+pub mod timed;
 pub mod uapi;
 
 /// Checks an interface name: 1 to 15 printable characters, no '/', ':' or '%', not `.`

@@ -18,7 +18,10 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::fs::MetadataExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
+
+use crate::timed::Timed;
 
 /// The environment variable that names a pool for `wirelane IFNAME`.
 pub const POOL_ENV: &str = "WIRELANE_POOL";
@@ -193,30 +196,75 @@ impl Drop for Control {
     }
 }
 
-/// Reads one request from a control connection and writes `handle`'s answer.
+/// Time one control connection has for all of it: its request line, the answer, and
+/// the drain of what the client sent beyond the line.
+const CONTROL_LIMIT: Duration = Duration::from_secs(10);
+
+/// Control connections served at once; past that, a new one is closed unanswered, so
+/// that clients that connect and wait cannot make the daemon start a thread each.
+pub const MAX_CONTROL_CONNECTIONS: usize = 16;
+
+static CONTROL_CONNECTIONS: AtomicUsize = AtomicUsize::new(0);
+
+/// One of the [`MAX_CONTROL_CONNECTIONS`] places, given back when dropped.
+pub struct Place(());
+
+impl Place {
+    /// A place, or None when every one is taken.
+    pub fn take() -> Option<Place> {
+        CONTROL_CONNECTIONS
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < MAX_CONTROL_CONNECTIONS).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| Place(()))
+    }
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        CONTROL_CONNECTIONS.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Reads one request from a control connection and writes `handle`'s answer, all
+/// within [`CONTROL_LIMIT`].
 pub fn serve(stream: UnixStream, handle: impl FnOnce(Request) -> Result<String, String>) {
+    let Ok(read_half) = stream.try_clone() else {
+        return;
+    };
+    let mut input = Timed::new(read_half, CONTROL_LIMIT, CONTROL_LIMIT);
     let mut line = String::new();
-    let mut reader = BufReader::new(io::Read::take(&stream, MAX_LINE as u64));
-    let answer = match reader.read_line(&mut line) {
+    let read = BufReader::new(io::Read::take(&mut input, MAX_LINE as u64)).read_line(&mut line);
+    let answer = match read {
         Ok(_) if line.ends_with('\n') => Request::parse(line.trim_end()).and_then(handle),
         _ => Err("request line missing, too long or unterminated".into()),
     };
-    let mut w = &stream;
+    let mut w = Timed::new(stream, CONTROL_LIMIT, CONTROL_LIMIT);
     let _ = match answer {
         Ok(detail) if detail.is_empty() => writeln!(w, "ok"),
         Ok(detail) => writeln!(w, "ok {detail}"),
         Err(e) => writeln!(w, "error: {e}"),
     };
     // Closing with unread input would reset the connection and could discard the
-    // answer before the client reads it: read what is left (bounded, and under the
-    // connection's read timeout) first.
-    let _ = stream.shutdown(std::net::Shutdown::Write);
-    let _ = io::copy(&mut io::Read::take(&stream, 64 * 1024), &mut io::sink());
+    // answer before the client reads it: read what is left first, bounded in bytes and
+    // by the connection's deadline.
+    let _ = w.shutdown_write();
+    let _ = io::copy(&mut io::Read::take(&mut input, 64 * 1024), &mut io::sink());
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn control_places_are_bounded_and_given_back() {
+        let held: Vec<Place> = std::iter::from_fn(Place::take).take(100).collect();
+        assert_eq!(held.len(), MAX_CONTROL_CONNECTIONS);
+        assert!(Place::take().is_none());
+        drop(held);
+        assert!(Place::take().is_some());
+    }
 
     #[test]
     fn requests_and_names() {

@@ -321,15 +321,24 @@ impl Supervisor {
             }
             if control.is_some() && pfds[2].revents != 0 {
                 match control.map(Control::accept) {
-                    Some(Ok(Some(stream))) => {
-                        let me = self.clone();
-                        let spawned = std::thread::Builder::new()
-                            .name("wl-pool-ctl".into())
-                            .spawn(move || pool::serve(stream, |req| me.handle(req)));
-                        if let Err(e) = spawned {
-                            tracing::warn!(error = %e, "cannot serve a pool request");
+                    Some(Ok(Some(stream))) => match pool::Place::take() {
+                        None => tracing::warn!(
+                            limit = pool::MAX_CONTROL_CONNECTIONS,
+                            "pool control: every connection place taken; one closed unanswered"
+                        ),
+                        Some(place) => {
+                            let me = self.clone();
+                            let spawned = std::thread::Builder::new()
+                                .name("wl-pool-ctl".into())
+                                .spawn(move || {
+                                    let _place = place;
+                                    pool::serve(stream, |req| me.handle(req))
+                                });
+                            if let Err(e) = spawned {
+                                tracing::warn!(error = %e, "cannot serve a pool request");
+                            }
                         }
-                    }
+                    },
                     Some(Err(e)) => {
                         tracing::warn!(error = %e, "pool control accept failed");
                         backoff_until = Some(now + ACCEPT_BACKOFF);

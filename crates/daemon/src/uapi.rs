@@ -11,11 +11,13 @@ use std::io::{self, BufRead, BufReader, Write};
 use std::net::SocketAddr;
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use wirelane_dataplane::config::{self, ApplyError};
 use wirelane_dataplane::sockets::SocketRole;
 use wirelane_dataplane::{DeviceSnapshot, DeviceUpdate, Interface, PeerUpdate, Runtime};
 use wirelane_proto::{hex_key, parse_hex_key, Prefix};
+
+use crate::timed::Timed;
 
 /// Longest line we accept; the longest legitimate one is a 64-digit key or an endpoint.
 const MAX_LINE: usize = 4096;
@@ -27,64 +29,13 @@ const MAX_LINES: usize = 4_000_000;
 const MAX_SET_BYTES: usize = 64 << 20;
 /// What a kept line costs beside its bytes (a `String`'s header and allocation).
 const LINE_OVERHEAD: usize = 32;
-/// How long one request may take to arrive and its answer to leave, and how long a
-/// connection may wait for its next request: a client that trickles a byte at a time,
-/// or never reads its answer, holds one of the few connection slots no longer than
-/// this. A `set` of 10^5 peers arrives in about a second.
+/// How long one request may take to arrive and its answer to leave: a client that
+/// trickles a byte at a time, or never reads its answer, holds one of the few
+/// connection slots no longer than this. A `set` of 10^5 peers arrives in about a
+/// second.
 const REQUEST_LIMIT: Duration = Duration::from_secs(120);
-/// Longest wait for any one read or write within that.
+/// Longest wait for any one read or write within that, and so for the next request.
 const IO_WAIT: Duration = Duration::from_secs(30);
-
-/// One direction of a UAPI connection, with a deadline its reads or writes must meet:
-/// each call waits at most until it, and fails once it has passed.
-struct Timed {
-    stream: UnixStream,
-    deadline: Instant,
-}
-
-impl Timed {
-    fn new(stream: UnixStream) -> Timed {
-        Timed {
-            stream,
-            deadline: Instant::now() + REQUEST_LIMIT,
-        }
-    }
-
-    /// Starts the clock for the next request or answer.
-    fn restart(&mut self) {
-        self.deadline = Instant::now() + REQUEST_LIMIT;
-    }
-
-    /// What is left before the deadline, at most `IO_WAIT`; an error once none is.
-    fn left(&self) -> io::Result<Duration> {
-        let left = self.deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                "UAPI request or answer took longer than its limit",
-            ));
-        }
-        Ok(left.min(IO_WAIT))
-    }
-}
-
-impl io::Read for Timed {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        self.stream.set_read_timeout(Some(self.left()?))?;
-        self.stream.read(buf)
-    }
-}
-
-impl Write for Timed {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.stream.set_write_timeout(Some(self.left()?))?;
-        self.stream.write(buf)
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        self.stream.flush()
-    }
-}
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 #[error("{message}")]
@@ -297,8 +248,8 @@ fn read_line(r: &mut impl BufRead, buf: &mut Vec<u8>) -> io::Result<Option<Strin
 
 /// Serves requests on one connection until the client closes it or errs.
 pub fn serve_connection(stream: UnixStream, dev: &Arc<Interface>, rt: &Runtime) -> io::Result<()> {
-    let mut reader = BufReader::new(Timed::new(stream.try_clone()?));
-    let mut writer = io::BufWriter::new(Timed::new(stream));
+    let mut reader = BufReader::new(Timed::new(stream.try_clone()?, REQUEST_LIMIT, IO_WAIT));
+    let mut writer = io::BufWriter::new(Timed::new(stream, REQUEST_LIMIT, IO_WAIT));
     let mut buf = Vec::new();
     while let Some(op) = read_line(&mut reader, &mut buf)? {
         if dev.stopping() {
@@ -389,28 +340,6 @@ mod tests {
 
     fn set(text: &str) -> Result<DeviceUpdate, UapiError> {
         parse_set(text.lines())
-    }
-
-    #[test]
-    fn a_connection_past_its_deadline_neither_reads_nor_writes() {
-        let (a, mut b) = UnixStream::pair().unwrap();
-        b.write_all(b"get=1\n\n").unwrap();
-        let mut r = Timed::new(a.try_clone().unwrap());
-        let mut w = Timed::new(a);
-        let mut buf = [0u8; 8];
-        // Within the limit: data waiting is read.
-        assert!(io::Read::read(&mut r, &mut buf).unwrap() > 0);
-        r.deadline = Instant::now() - Duration::from_secs(1);
-        w.deadline = r.deadline;
-        let kind = |e: io::Error| e.kind();
-        assert_eq!(
-            io::Read::read(&mut r, &mut buf).map_err(kind),
-            Err(io::ErrorKind::TimedOut)
-        );
-        assert_eq!(w.write(b"x").map_err(kind), Err(io::ErrorKind::TimedOut));
-        // A restart gives the next request the whole limit again.
-        w.restart();
-        assert_eq!(w.write(b"x").unwrap(), 1);
     }
 
     #[test]
