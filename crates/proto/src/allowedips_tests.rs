@@ -160,3 +160,44 @@ fn host_routes_spread_over_buckets_and_control_bytes() {
         assert_eq!(controls.len(), 128, "{first:?}: control bytes");
     }
 }
+
+/// One owner with thousands of prefixes (past the point where its list is indexed)
+/// loses them in a scrambled order, some removed, some taken by another owner: its
+/// listed prefixes stay exactly those it still routes.
+#[test]
+fn an_owner_with_many_prefixes_loses_them_in_any_order() {
+    let mut rng = XorShift(0x2545_f491_4f6c_dd1d);
+    let mut t = AllowedIps::default();
+    let all: Vec<Prefix> = (0..5000u32)
+        .map(|i| Prefix::new(IpAddr::V4((0x0a00_0000 | i << 8).into()), 24).unwrap())
+        .collect();
+    for q in &all {
+        t.insert(*q, 1u32);
+    }
+    let mut order = all.clone();
+    for i in (1..order.len()).rev() {
+        order.swap(i, rng.next() as usize % (i + 1));
+    }
+    let mut kept: HashSet<Prefix> = all.iter().copied().collect();
+    let mut moved: HashSet<Prefix> = HashSet::new();
+    for (n, q) in order.iter().enumerate() {
+        if n % 2 == 0 {
+            assert!(t.remove_if_owned(*q, 1));
+        } else {
+            assert_eq!(t.insert(*q, 2), Some(1));
+            moved.insert(*q);
+        }
+        kept.remove(q);
+        if n % 997 == 0 || kept.len() < 40 {
+            let listed: HashSet<Prefix> = t.owned_by(1).iter().copied().collect();
+            assert_eq!(listed.len(), t.owned_by(1).len(), "listed twice");
+            assert_eq!(listed, kept, "after {n}");
+        }
+    }
+    assert!(t.owned_by(1).is_empty());
+    let listed: HashSet<Prefix> = t.owned_by(2).iter().copied().collect();
+    assert_eq!(listed, moved);
+    assert_eq!(t.len(), moved.len());
+    assert_eq!(t.remove_value(2), moved.len());
+    assert_eq!(t.len(), 0);
+}
