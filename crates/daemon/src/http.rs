@@ -4,8 +4,9 @@
 //! Flow: the `wl-metrics` thread accepts; each connection gets a `wl-metrics-conn`
 //! thread (at most [`MAX_CONNECTIONS`] at once; past that, a 503 and close) that reads
 //! one request head of at most [`MAX_HEAD`] bytes within [`READ_DEADLINE`], answers it
-//! (the client has `WRITE_DEADLINE` to take the answer) and closes. Only the answer's body is built per request, by the `render` function
-//! the server was given; no lock of the data path is held while it formats.
+//! (the client has `WRITE_DEADLINE` to take the answer) and closes. Only the answer's
+//! body is built per request, by the `render` function the server was given; no lock
+//! of the data path is held while it formats.
 //!
 //! Answers: 200 for `GET /metrics` (a query string is ignored), 405 for another method
 //! on `/metrics`, 404 for any other path, 400 for a request that is not HTTP/1.x, 431
