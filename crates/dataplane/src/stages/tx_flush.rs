@@ -37,7 +37,10 @@ use wirelane_io::udp::{Outgoing, GSO_MAX_BYTES, GSO_MAX_SEGMENTS};
 
 /// Where the datagram at `i` and those after it that may share its GSO send end: one
 /// destination, source and ECN field, one size (the last may be shorter), within the
-/// kernel's bounds.
+/// kernel's bounds. At least `i + 1`: a datagram too large for any GSO send (a plaintext
+/// near 64 KiB through a TUN of that MTU) is a run of its own, sent singly, where the
+/// kernel refuses it. An empty run here made `send_all` send nothing and never move
+/// on, spinning with its peer's flush claimed.
 fn gso_run_end(out: &[Outgoing<'_>], i: usize) -> usize {
     let first = &out[i];
     let seg = first.payload.len();
@@ -55,7 +58,7 @@ fn gso_run_end(out: &[Outgoing<'_>], i: usize) -> usize {
             break; // Only the last segment of a send may be short.
         }
     }
-    j
+    j.max(i + 1)
 }
 
 /// Sends `out` on `sock` in order; `sent[i]` tells whether `out[i]` left. A run that
@@ -85,7 +88,8 @@ fn send_all(sock: &dyn UdpPort, out: &[Outgoing<'_>], sent: &mut [bool]) {
             *piece = d.payload;
         }
         let d = &out[i];
-        let seg = d.payload.len() as u16;
+        // A run of two or more fits GSO_MAX_BYTES, so each segment fits a u16.
+        let seg = u16::try_from(d.payload.len()).unwrap_or(u16::MAX);
         match sock.send_segmented(&pieces[..j - i], seg, &d.dst, d.src, d.ecn) {
             Ok(true) => sent[i..j].fill(true),
             // GSO refused: the socket stopped trying, and the loop sends these singly.
@@ -428,6 +432,26 @@ mod tests {
             src: None,
             ecn,
         }
+    }
+
+    /// A datagram larger than any GSO send (65,507 bytes) goes out singly, where the
+    /// kernel refuses it, and the sends around it go on.
+    #[test]
+    fn a_datagram_too_large_for_gso_is_sent_alone() {
+        let (huge, big) = (vec![0u8; GSO_MAX_BYTES + 60], vec![0u8; 1000]);
+        let ep: SocketAddr = "192.0.2.1:51820".parse().unwrap();
+        let dgrams = [
+            out(&big, 0, ep),
+            out(&huge, 0, ep),
+            out(&big, 0, ep),
+            out(&big, 0, ep),
+        ];
+        let sock = Recorder::new(true);
+        let mut sent = [false; 4];
+        send_all(&sock, &dgrams, &mut sent);
+        // The first and the huge one go singly (one `sendmmsg`), the last two as a run.
+        assert_eq!(*sock.sends.lock().unwrap(), vec![(2, 0, 1), (2, 0, 1)]);
+        assert!(sent.iter().all(|&s| s));
     }
 
     /// One segmented send carries one outer ECN field, so a run ends where the field
