@@ -252,6 +252,37 @@ fn bad_uapi_input_changes_nothing() {
     d.wg("show IF");
 }
 
+/// Cookie replies for a receiver index the daemon never gave out are dropped and
+/// counted on the reader: queued, a spoofed flood of them filled the handshake lane
+/// that cookie-bearing initiations need under load.
+#[test]
+fn unsolicited_cookie_replies_are_counted_and_dropped() {
+    require_root();
+    let ns = Netns::fresh();
+    ns.run_ok("ip link set lo up");
+    let d = Daemon::start(WIRELANE, &ns);
+    d.wg("set IF listen-port 51841");
+    let unknown = || wirelane_lab::uapi::stats(&d.ifname).unwrap()["rx_unknown_index"];
+    let before = unknown();
+    let sender = wirelane_lab::workload::in_ns(&ns.name, || {
+        let s = std::net::UdpSocket::bind("127.0.0.1:0")?;
+        let mut reply = [0u8; 64];
+        reply[0] = 3;
+        reply[4..8].copy_from_slice(&0x5eed_f00du32.to_le_bytes());
+        for _ in 0..40 {
+            s.send_to(&reply, "127.0.0.1:51841")?;
+        }
+        Ok(())
+    });
+    wirelane_lab::workload::join(sender).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while unknown() < before + 40 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(unknown(), before + 40);
+    d.wg("show IF");
+}
+
 fn rss_kib(pid: u32) -> u64 {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     s.lines()

@@ -131,7 +131,8 @@ counters! {
     tx_sojourn_max_ns @max,
     /// Datagrams that are not WireGuard messages at all.
     rx_malformed,
-    /// Transport messages for an unknown receiver index or an expired keypair.
+    /// Transport messages for an unknown receiver index or an expired keypair, and
+    /// cookie replies for an unknown receiver index.
     rx_unknown_index,
     /// Transport messages that failed authentication.
     rx_auth_failed,

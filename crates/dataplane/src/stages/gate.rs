@@ -24,7 +24,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use wirelane_io::udp::LocalAddr;
 use wirelane_proto::cookie::{GateDrop, GateVerdict};
-use wirelane_proto::messages::{handshake_sender, Kind, COOKIE_REPLY_LEN};
+use wirelane_proto::messages::{handshake_sender, CookieReply, Kind, COOKIE_REPLY_LEN};
 
 /// Most cookie replies held before they are sent, so a huge receive batch (GRO) does
 /// not hold the first reply back for long.
@@ -39,8 +39,11 @@ type Reply = ([u8; COOKIE_REPLY_LEN], SocketAddr, Option<LocalAddr>);
 #[derive(Default)]
 pub struct Replies(Vec<Reply>);
 
-/// Screens one handshake message (see the module comment). Cookie replies received go
-/// straight to the queue: they need the peer's state, and carry nothing to screen.
+/// Screens one handshake message (see the module comment). A cookie reply goes to the
+/// queue only if its receiver index is one of ours: it carries no mac to check, and
+/// spoofed ones, queued, filled the lane that cookie-bearing initiations need under
+/// load and counted toward the load themselves. Others are dropped as
+/// `rx_unknown_index`.
 pub fn admit(
     c: StageCtx<'_>,
     kind: Kind,
@@ -57,7 +60,12 @@ pub fn admit(
     };
     let Some(sender) = handshake_sender(bytes) else {
         if kind == Kind::CookieReply {
-            queue(kind);
+            match CookieReply::parse(bytes) {
+                Ok(r) if dev.peer_by_index(r.receiver).is_some() => queue(kind),
+                _ => {
+                    dev.stats.rx_unknown_index.fetch_add(1, Ordering::Relaxed);
+                }
+            }
         }
         return;
     };
