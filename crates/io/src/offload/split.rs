@@ -26,6 +26,12 @@ fn complete_checksum(pkt: &mut [u8], start: usize, offset: usize) -> Result<(), 
     Ok(())
 }
 
+/// Most segments one super-packet may split into. The kernel's own never come near:
+/// USO sends at most 128, and TSO at TCP's smallest MSS (48 bytes) about 1,370 from
+/// 64 KiB. A crafted one (a raw socket's virtio header with a `gso_size` of 1) would
+/// take 65,000 packet buffers, 128 MiB, from one read.
+pub const MAX_SPLIT_SEGMENTS: usize = 2048;
+
 /// Turns one packet read from the TUN (vnet header stripped into `hdr`) into one or
 /// more ready-to-send IP packets, handed to `emit` in order as a header and a payload
 /// (to be laid end to end). The payload is a slice of `pkt`, so the caller copies each
@@ -60,6 +66,7 @@ pub fn split(
         || (v4 && (l4 < 20 || pkt[0] >> 4 != 4))
         || (!v4 && (l4 < 40 || pkt[0] >> 4 != 6))
         || hdr.gso_size == 0
+        || (pkt.len() - l4).div_ceil(hdr.gso_size as usize) > MAX_SPLIT_SEGMENTS
         || !headers_agree(pkt, v4, l4, proto)
     {
         return Err(SplitError::Malformed);

@@ -120,6 +120,21 @@ fn malformed_super_packets_are_refused() {
     let mut p = super_packet(false, 3000, 0x10);
     let zero = VnetHdr { gso_size: 0, ..hdr };
     assert_eq!(split(&zero, &mut p, |_, _| {}), Err(SplitError::Malformed));
+    // Segments far smaller than any TCP MSS: more than a read may make of one packet.
+    let mut many = super_packet(false, 60_000, 0x10);
+    let tiny = VnetHdr { gso_size: 8, ..hdr };
+    assert_eq!(
+        split(&tiny, &mut many, |_, _| {}),
+        Err(SplitError::Malformed)
+    );
+    // At TCP's smallest MSS it still splits.
+    let smallest = VnetHdr {
+        gso_size: 48,
+        ..hdr
+    };
+    let mut n = 0;
+    assert_eq!(split(&smallest, &mut many, |_, _| n += 1), Ok(()));
+    assert_eq!(n, 60_000usize.div_ceil(48));
     // A read the buffer truncated: the IP length no longer matches what is there.
     let mut cut = p[..p.len() - 100].to_vec();
     assert_eq!(split(&hdr, &mut cut, |_, _| {}), Err(SplitError::Malformed));
