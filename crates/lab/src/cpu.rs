@@ -126,25 +126,24 @@ pub fn read_threads(pid: u32) -> HashMap<u32, (String, SchedTimes)> {
             .unwrap_or_default()
             .trim()
             .to_string();
-        let stat = std::fs::read_to_string(base.join("schedstat")).unwrap_or_default();
-        let mut fields = stat.split_whitespace().map(|x| x.parse().unwrap_or(0));
-        let times = SchedTimes {
-            run_ns: fields.next().unwrap_or(0),
-            wait_ns: fields.next().unwrap_or(0),
-        };
-        out.insert(tid, (comm, times));
+        out.insert(tid, (comm, read_schedstat(&base.join("schedstat"))));
     }
     out
 }
 
-/// The calling thread's own scheduler times (zero where schedstat is missing).
-pub fn read_thread_self() -> SchedTimes {
-    let stat = std::fs::read_to_string("/proc/thread-self/schedstat").unwrap_or_default();
+/// A thread's scheduler times from its `schedstat` file (zero where it is missing).
+fn read_schedstat(path: &std::path::Path) -> SchedTimes {
+    let stat = std::fs::read_to_string(path).unwrap_or_default();
     let mut fields = stat.split_whitespace().map(|x| x.parse().unwrap_or(0));
     SchedTimes {
         run_ns: fields.next().unwrap_or(0),
         wait_ns: fields.next().unwrap_or(0),
     }
+}
+
+/// The calling thread's own scheduler times (zero where schedstat is missing).
+pub fn read_thread_self() -> SchedTimes {
+    read_schedstat(std::path::Path::new("/proc/thread-self/schedstat"))
 }
 
 /// Run and run-queue nanoseconds of the lab's workload threads (the test applications)
