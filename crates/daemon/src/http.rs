@@ -24,6 +24,8 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use crate::timed::Timed;
+
 /// Connections served at once; Prometheus needs one per scrape.
 pub const MAX_CONNECTIONS: usize = 4;
 /// Longest request head (request line and headers) read.
@@ -100,8 +102,10 @@ fn accept_loop(listener: &TcpListener, stopping: &AtomicBool, render: Render) {
         };
         if active.fetch_add(1, Ordering::SeqCst) >= MAX_CONNECTIONS {
             active.fetch_sub(1, Ordering::SeqCst);
-            let _ = stream.set_write_timeout(Some(Duration::from_millis(100)));
-            let _ = respond(&stream, 503, "Service Unavailable", &[], "busy\n");
+            // Answered from the accepting thread, so it may hold that thread 100 ms at most.
+            let busy = Duration::from_millis(100);
+            let out = Timed::new(&stream, busy, busy);
+            let _ = respond(out, 503, "Service Unavailable", &[], "busy\n");
             continue;
         }
         let (render, done) = (render.clone(), ActiveGuard(active.clone()));
@@ -197,7 +201,7 @@ fn serve(stream: TcpStream, render: &Render, place: ActiveGuard) {
             Request::Metrics => {
                 let body = render();
                 respond(
-                    &stream,
+                    answer(&stream),
                     200,
                     "OK",
                     &[("Content-Type", prometheus::TEXT_FORMAT)],
@@ -205,14 +209,16 @@ fn serve(stream: TcpStream, render: &Render, place: ActiveGuard) {
                 )
             }
             Request::WrongMethod => respond(
-                &stream,
+                answer(&stream),
                 405,
                 "Method Not Allowed",
                 &[("Allow", "GET")],
                 "only GET /metrics\n",
             ),
-            Request::NotFound => respond(&stream, 404, "Not Found", &[], "only /metrics\n"),
-            Request::BadRequest => respond(&stream, 400, "Bad Request", &[], "bad request\n"),
+            Request::NotFound => respond(answer(&stream), 404, "Not Found", &[], "only /metrics\n"),
+            Request::BadRequest => {
+                respond(answer(&stream), 400, "Bad Request", &[], "bad request\n")
+            }
         },
         Ok(None) => respond(
             &stream,
@@ -235,8 +241,13 @@ fn serve(stream: TcpStream, render: &Render, place: ActiveGuard) {
     let _ = stream.shutdown(Shutdown::Both);
 }
 
+/// The writer of an answer on `stream`: the client has [`WRITE_DEADLINE`] to take it.
+fn answer(stream: &TcpStream) -> Timed<&TcpStream> {
+    Timed::new(stream, WRITE_DEADLINE, WRITE_DEADLINE)
+}
+
 fn respond(
-    stream: &TcpStream,
+    mut out: impl Write,
     code: u16,
     reason: &str,
     headers: &[(&str, &str)],
@@ -253,28 +264,8 @@ fn respond(
         head.push_str("Content-Type: text/plain; charset=utf-8\r\n");
     }
     head.push_str("\r\n");
-    let deadline = Instant::now() + WRITE_DEADLINE;
-    write_all_by(stream, head.as_bytes(), deadline)?;
-    write_all_by(stream, body.as_bytes(), deadline)
-}
-
-/// Writes all of `bytes` to `stream` by `deadline`, or fails with `TimedOut`.
-fn write_all_by(mut stream: &TcpStream, mut bytes: &[u8], deadline: Instant) -> io::Result<()> {
-    while !bytes.is_empty() {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(io::ErrorKind::TimedOut.into());
-        }
-        stream.set_write_timeout(Some(left))?;
-        match stream.write(bytes) {
-            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-            Ok(n) => bytes = &bytes[n..],
-            // As for reads: a signal is no reason to drop the client.
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
+    out.write_all(head.as_bytes())?;
+    out.write_all(body.as_bytes())
 }
 
 #[cfg(test)]
@@ -288,8 +279,11 @@ mod tests {
         let _client = TcpStream::connect(l.local_addr().unwrap()).unwrap();
         let (server, _) = l.accept().unwrap();
         let big = vec![b'x'; 64 << 20];
-        let deadline = Instant::now() + Duration::from_millis(200);
-        let err = write_all_by(&server, &big, deadline).unwrap_err();
+        // As `respond` writes, with a deadline short enough for a test.
+        let limit = Duration::from_millis(200);
+        let err = Timed::new(&server, limit, limit)
+            .write_all(&big)
+            .unwrap_err();
         assert!(
             matches!(
                 err.kind(),

@@ -1,26 +1,60 @@
-//! Deadlines for the daemon's local control connections (the UAPI socket, the pool's
-//! control socket): a whole request, or a whole answer, must arrive or leave within a
-//! limit, however slowly the client trickles or reads. A timeout per call alone is
-//! reset by every byte, so a client sending one byte just inside it could hold a
-//! connection, and the thread and slot behind it, for as long as it liked.
+//! Deadlines for the daemon's connections (the UAPI socket, the pool's control socket,
+//! the metrics endpoint's answers): a whole request, or a whole answer, must arrive or
+//! leave within a limit, however slowly the client trickles or reads. A timeout per
+//! call alone is reset by every byte, so a client sending or taking one byte just
+//! inside it could hold a connection, and the thread and slot behind it, for as long
+//! as it liked.
 
 use std::io::{self, Read, Write};
+use std::net::TcpStream;
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
-/// One direction of a local control connection, with a deadline its reads or writes
-/// must meet: each call waits at most until it (and at most `io_wait`), and fails once
-/// it has passed.
-pub struct Timed {
-    stream: UnixStream,
+/// A socket whose reads and writes can be given a timeout.
+pub trait Timeouts {
+    fn set_read_timeout(&self, d: Option<Duration>) -> io::Result<()>;
+    fn set_write_timeout(&self, d: Option<Duration>) -> io::Result<()>;
+}
+
+impl Timeouts for UnixStream {
+    fn set_read_timeout(&self, d: Option<Duration>) -> io::Result<()> {
+        UnixStream::set_read_timeout(self, d)
+    }
+    fn set_write_timeout(&self, d: Option<Duration>) -> io::Result<()> {
+        UnixStream::set_write_timeout(self, d)
+    }
+}
+
+impl Timeouts for TcpStream {
+    fn set_read_timeout(&self, d: Option<Duration>) -> io::Result<()> {
+        TcpStream::set_read_timeout(self, d)
+    }
+    fn set_write_timeout(&self, d: Option<Duration>) -> io::Result<()> {
+        TcpStream::set_write_timeout(self, d)
+    }
+}
+
+impl<T: Timeouts + ?Sized> Timeouts for &T {
+    fn set_read_timeout(&self, d: Option<Duration>) -> io::Result<()> {
+        (**self).set_read_timeout(d)
+    }
+    fn set_write_timeout(&self, d: Option<Duration>) -> io::Result<()> {
+        (**self).set_write_timeout(d)
+    }
+}
+
+/// One direction of a connection, with a deadline its reads or writes must meet: each
+/// call waits at most until it (and at most `io_wait`), and fails once it has passed.
+pub struct Timed<S> {
+    stream: S,
     limit: Duration,
     io_wait: Duration,
     deadline: Instant,
 }
 
-impl Timed {
+impl<S> Timed<S> {
     /// `limit` from now to the deadline; no one call waits longer than `io_wait`.
-    pub fn new(stream: UnixStream, limit: Duration, io_wait: Duration) -> Timed {
+    pub fn new(stream: S, limit: Duration, io_wait: Duration) -> Timed<S> {
         Timed {
             stream,
             limit,
@@ -32,11 +66,6 @@ impl Timed {
     /// Starts the clock again: the next request or answer has the whole limit.
     pub fn restart(&mut self) {
         self.deadline = Instant::now() + self.limit;
-    }
-
-    /// Ends the writing side (the client reads end of stream after the answer).
-    pub fn shutdown_write(&self) -> io::Result<()> {
-        self.stream.shutdown(std::net::Shutdown::Write)
     }
 
     /// What is left before the deadline, at most `io_wait`; an error once none is.
@@ -52,14 +81,21 @@ impl Timed {
     }
 }
 
-impl Read for Timed {
+impl Timed<UnixStream> {
+    /// Ends the writing side (the client reads end of stream after the answer).
+    pub fn shutdown_write(&self) -> io::Result<()> {
+        self.stream.shutdown(std::net::Shutdown::Write)
+    }
+}
+
+impl<S: Read + Timeouts> Read for Timed<S> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         self.stream.set_read_timeout(Some(self.left()?))?;
         self.stream.read(buf)
     }
 }
 
-impl Write for Timed {
+impl<S: Write + Timeouts> Write for Timed<S> {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         self.stream.set_write_timeout(Some(self.left()?))?;
         self.stream.write(buf)
