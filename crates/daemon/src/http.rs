@@ -19,11 +19,12 @@
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use crate::places::{Place, Places};
 use crate::timed::Timed;
 
 /// Connections served at once; Prometheus needs one per scrape.
@@ -84,7 +85,7 @@ impl Drop for MetricsServer {
 }
 
 fn accept_loop(listener: &TcpListener, stopping: &AtomicBool, render: Render) {
-    let active = Arc::new(AtomicUsize::new(0));
+    let places = Places::new(MAX_CONNECTIONS);
     loop {
         let accepted = listener.accept();
         if stopping.load(Ordering::SeqCst) {
@@ -100,31 +101,21 @@ fn accept_loop(listener: &TcpListener, stopping: &AtomicBool, render: Render) {
                 continue;
             }
         };
-        if active.fetch_add(1, Ordering::SeqCst) >= MAX_CONNECTIONS {
-            active.fetch_sub(1, Ordering::SeqCst);
+        let Some(place) = places.take() else {
             // Answered from the accepting thread, so it may hold that thread 100 ms at most.
             let busy = Duration::from_millis(100);
             let out = Timed::new(&stream, busy, busy);
             let _ = respond(out, 503, "Service Unavailable", &[], "busy\n");
             continue;
-        }
-        let (render, done) = (render.clone(), ActiveGuard(active.clone()));
+        };
+        let render = render.clone();
         let spawned = std::thread::Builder::new()
             .name("wl-metrics-conn".into())
-            .spawn(move || serve(stream, &render, done));
+            .spawn(move || serve(stream, &render, place));
         if let Err(e) = spawned {
-            // The closure, guard and stream drop with the error: the count is restored.
+            // The closure, place and stream drop with the error: the place is given back.
             tracing::warn!(error = %e, "metrics: cannot start a connection thread");
         }
-    }
-}
-
-/// Gives back a connection's place however its thread ends.
-struct ActiveGuard(Arc<AtomicUsize>);
-
-impl Drop for ActiveGuard {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -194,7 +185,7 @@ fn read_head(mut stream: &TcpStream, buf: &mut Vec<u8>) -> io::Result<Option<usi
 }
 
 /// Answers one connection, then gives back its place (`place`) and closes it.
-fn serve(stream: TcpStream, render: &Render, place: ActiveGuard) {
+fn serve(stream: TcpStream, render: &Render, place: Place) {
     let mut head = Vec::with_capacity(1024);
     let result = match read_head(&stream, &mut head) {
         Ok(Some(_)) => match parse_request_line(&head) {

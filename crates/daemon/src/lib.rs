@@ -6,6 +6,7 @@ pub mod daemonize;
 pub mod http;
 pub mod listener;
 pub mod metrics;
+pub mod places;
 pub mod pool;
 pub mod privileges;
 pub mod supervisor;

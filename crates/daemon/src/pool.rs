@@ -18,9 +18,10 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::fs::MetadataExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
+use crate::places::Places;
 use crate::timed::Timed;
 
 /// The environment variable that names a pool for `wirelane IFNAME`.
@@ -204,28 +205,9 @@ const CONTROL_LIMIT: Duration = Duration::from_secs(10);
 /// that clients that connect and wait cannot make the daemon start a thread each.
 pub const MAX_CONTROL_CONNECTIONS: usize = 16;
 
-static CONTROL_CONNECTIONS: AtomicUsize = AtomicUsize::new(0);
-
-/// One of the [`MAX_CONTROL_CONNECTIONS`] places, given back when dropped.
-pub struct Place(());
-
-impl Place {
-    /// A place, or None when every one is taken.
-    pub fn take() -> Option<Place> {
-        CONTROL_CONNECTIONS
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < MAX_CONTROL_CONNECTIONS).then_some(n + 1)
-            })
-            .ok()
-            .map(|_| Place(()))
-    }
-}
-
-impl Drop for Place {
-    fn drop(&mut self) {
-        CONTROL_CONNECTIONS.fetch_sub(1, Ordering::AcqRel);
-    }
-}
+/// The places of [`MAX_CONTROL_CONNECTIONS`], one per control connection served.
+pub static CONTROL_PLACES: LazyLock<Arc<Places>> =
+    LazyLock::new(|| Places::new(MAX_CONTROL_CONNECTIONS));
 
 /// Reads one request from a control connection and writes `handle`'s answer, all
 /// within [`CONTROL_LIMIT`].
@@ -259,11 +241,13 @@ mod tests {
 
     #[test]
     fn control_places_are_bounded_and_given_back() {
-        let held: Vec<Place> = std::iter::from_fn(Place::take).take(100).collect();
+        let held: Vec<_> = std::iter::from_fn(|| CONTROL_PLACES.take())
+            .take(100)
+            .collect();
         assert_eq!(held.len(), MAX_CONTROL_CONNECTIONS);
-        assert!(Place::take().is_none());
+        assert!(CONTROL_PLACES.take().is_none());
         drop(held);
-        assert!(Place::take().is_some());
+        assert!(CONTROL_PLACES.take().is_some());
     }
 
     #[test]

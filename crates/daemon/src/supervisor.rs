@@ -321,7 +321,7 @@ impl Supervisor {
             }
             if control.is_some() && pfds[2].revents != 0 {
                 match control.map(Control::accept) {
-                    Some(Ok(Some(stream))) => match pool::Place::take() {
+                    Some(Ok(Some(stream))) => match pool::CONTROL_PLACES.take() {
                         None => tracing::warn!(
                             limit = pool::MAX_CONTROL_CONNECTIONS,
                             "pool control: every connection place taken; one closed unanswered"
