@@ -283,6 +283,85 @@ fn unsolicited_cookie_replies_are_counted_and_dropped() {
     d.wg("show IF");
 }
 
+/// Cookie replies for an index the daemon did give out (its initiation in flight), as
+/// anyone who saw the initiation could forge them: the peer's cookie slot lets at most
+/// one at a time reach the handshake thread, each is refused (on the reader, or when
+/// it fails to open), and the genuine reply that follows is still taken: the daemon
+/// sends its initiation again at once, with a valid mac2.
+#[test]
+fn forged_cookie_replies_for_a_live_index_are_refused() {
+    use wirelane_proto::cookie::{CookieChecker, MacVerdict};
+    require_root();
+    let ns = Netns::fresh();
+    ns.run_ok("ip link set lo up");
+    let d = Daemon::start(WIRELANE, &ns);
+    let (ours, theirs) = (genkeys(), genkeys());
+    let key_file = std::env::temp_dir().join(unique("cookie-key"));
+    std::fs::write(&key_file, &ours.private).unwrap();
+    d.wg(&format!(
+        "set IF listen-port 51843 private-key {}",
+        key_file.display()
+    ));
+    std::fs::remove_file(&key_file).unwrap();
+    // The peer's end: a plain socket in the namespace that never answers a handshake.
+    let s = wirelane_lab::workload::join(wirelane_lab::workload::in_ns(&ns.name, || {
+        Ok(std::net::UdpSocket::bind("127.0.0.1:0")?)
+    }))
+    .unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let refused = || wirelane_lab::uapi::stats(&d.ifname).unwrap()["cookie_replies_refused"];
+    let before = refused();
+    // A keepalive interval makes the daemon send its initiation now.
+    d.wg(&format!(
+        "set IF peer {} endpoint {} allowed-ips 10.9.0.2/32 persistent-keepalive 25",
+        theirs.public,
+        s.local_addr().unwrap()
+    ));
+    let mut msg = [0u8; 256];
+    let initiation = |msg: &mut [u8; 256]| {
+        let (n, from) = s.recv_from(msg).expect("an initiation from the daemon");
+        assert_eq!((n, msg[0]), (148, 1), "a handshake initiation");
+        from
+    };
+    let daemon = initiation(&mut msg);
+    let mut forged = [0u8; 64];
+    forged[0] = 3;
+    forged[4..8].copy_from_slice(&msg[4..8]);
+    for i in 0..40 {
+        forged[8] = i;
+        s.send_to(&forged, daemon).unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while refused() < before + 40 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(refused(), before + 40);
+
+    // The genuine reply, as the daemon's peer under load would make it. A retry that
+    // crossed it (REKEY_TIMEOUT on a slow machine) is answered the same way.
+    let their_public = wirelane_proto::parse_base64_key(&theirs.public).unwrap();
+    let mut checker = CookieChecker::new(&their_public);
+    let mut rng = wirelane_proto::crypto::KeystreamRng::from_seed([9; 32]);
+    let now = Duration::from_secs(1);
+    let me = s.local_addr().unwrap();
+    for _ in 0..5 {
+        let mac2_zero = msg[132..148].iter().all(|&b| b == 0);
+        if !mac2_zero {
+            assert_eq!(
+                checker.verify(&msg[..148], &me, now, &mut rng),
+                MacVerdict::Mac2Valid
+            );
+            d.wg("show IF");
+            return;
+        }
+        let sender = u32::from_le_bytes(msg[4..8].try_into().unwrap());
+        let reply = checker.create_reply(&msg[..148], sender, &me, now, &mut rng);
+        s.send_to(&reply.to_bytes(), daemon).unwrap();
+        initiation(&mut msg);
+    }
+    panic!("the daemon never took the genuine cookie reply");
+}
+
 fn rss_kib(pid: u32) -> u64 {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     s.lines()

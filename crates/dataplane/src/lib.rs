@@ -17,6 +17,8 @@ pub mod codel;
 #[cfg(not(loom))]
 pub mod config;
 #[cfg(not(loom))]
+pub mod cookie_slot;
+#[cfg(not(loom))]
 pub mod exec;
 /// FQ-CoDel: flow fairness and a sojourn-time controller before the nonce stage.
 #[cfg(not(loom))]

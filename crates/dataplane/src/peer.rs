@@ -5,6 +5,7 @@
 //! mutex is held only for protocol bookkeeping, never during crypto or I/O.
 
 use crate::budget::{Budgets, QueueBudget};
+use crate::cookie_slot::CookieReplySlot;
 use crate::fq_codel::SharedFlowQueues;
 use crate::packet::Batch;
 use crate::packet::Packet;
@@ -47,6 +48,8 @@ pub struct Peer {
     /// changes rarely, and an idle peer (most of a large gateway's) then pays 8 bytes
     /// for it instead of 64.
     sticky: Mutex<Option<Box<StickySource>>>,
+    /// Whether the gate may queue a cookie reply for this peer (see `cookie_slot`).
+    pub cookie_reply: CookieReplySlot,
 }
 
 /// A sticky source: the local address (and interface) that the peer's authenticated
@@ -83,6 +86,7 @@ impl Peer {
             removed: AtomicBool::new(false),
             timer_at: AtomicU64::new(u64::MAX),
             sticky: Mutex::new(None),
+            cookie_reply: CookieReplySlot::default(),
         }
     }
 

@@ -180,6 +180,10 @@ counters! {
     /// Cookie replies dropped unsent: no room in the socket buffer, or no socket of the
     /// destination's family.
     cookie_replies_unsent,
+    /// Cookie replies for one of our indices refused: on the reader because the peer
+    /// awaited none or had one queued already (`cookie_slot`), or on the handshake
+    /// thread because it failed to open (forged, or not for our last message).
+    cookie_replies_refused,
     /// Handshake messages that authenticated with mac1 but failed later.
     handshake_failed,
     /// Handshakes completed here: initiations answered with a response, and responses
@@ -249,6 +253,7 @@ pub const DROP_REASONS: &[&str] = &[
     "handshake_rate_limited",
     "handshake_failed",
     "cookie_replies_unsent",
+    "cookie_replies_refused",
 ];
 
 /// Buckets of [`Counters::serial_packets_hist`]: 0, 1, 2–3, … 512–1023, 1024 and more.

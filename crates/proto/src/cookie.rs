@@ -180,6 +180,12 @@ impl CookieGenerator {
         msg[off2..].copy_from_slice(&mac2);
     }
 
+    /// Whether a handshake message we sent awaits its cookie reply: one was stamped
+    /// since the last reply taken.
+    pub fn awaits_reply(&self) -> bool {
+        self.last_mac1.is_some()
+    }
+
     /// Takes the cookie out of a reply to our last handshake message.
     pub fn consume_reply(&mut self, reply: &CookieReply, now: Duration) -> Result<(), CookieError> {
         let mac1 = self.last_mac1.ok_or(CookieError::Unexpected)?;

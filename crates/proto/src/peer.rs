@@ -142,6 +142,11 @@ impl PeerState {
     pub fn current_keypair(&self) -> Option<&Arc<Keypair>> {
         self.current.as_ref()
     }
+    /// Whether a cookie reply could be taken now (see `CookieGenerator::awaits_reply`).
+    pub fn awaits_cookie_reply(&self) -> bool {
+        self.cookies.awaits_reply()
+    }
+
     pub fn handshake_attempts(&self) -> u32 {
         self.handshake_attempts
     }

@@ -40,10 +40,11 @@ type Reply = ([u8; COOKIE_REPLY_LEN], SocketAddr, Option<LocalAddr>);
 pub struct Replies(Vec<Reply>);
 
 /// Screens one handshake message (see the module comment). A cookie reply goes to the
-/// queue only if its receiver index is one of ours: it carries no mac to check, and
-/// spoofed ones, queued, filled the lane that cookie-bearing initiations need under
-/// load and counted toward the load themselves. Others are dropped as
-/// `rx_unknown_index`.
+/// queue only if its receiver index is one of ours, and that peer's cookie slot takes
+/// it: it carries no mac to check, and spoofed ones, queued, filled the lane that
+/// cookie-bearing initiations need under load and counted toward the load themselves.
+/// Others are dropped as `rx_unknown_index`, or as `cookie_replies_refused` if the
+/// peer awaits no reply or has one queued (`cookie_slot`).
 pub fn admit(
     c: StageCtx<'_>,
     kind: Kind,
@@ -60,12 +61,7 @@ pub fn admit(
     };
     let Some(sender) = handshake_sender(bytes) else {
         if kind == Kind::CookieReply {
-            match CookieReply::parse(bytes) {
-                Ok(r) if dev.peer_by_index(r.receiver).is_some() => queue(kind),
-                _ => {
-                    dev.stats.rx_unknown_index.fetch_add(1, Ordering::Relaxed);
-                }
-            }
+            admit_cookie_reply(c, bytes, src, local);
         }
         return;
     };
@@ -94,6 +90,29 @@ pub fn admit(
         GateVerdict::Drop(GateDrop::RateLimited) => &dev.stats.handshake_rate_limited,
     };
     counter.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Queues a cookie reply if its receiver index is one of ours and the peer's slot
+/// takes it (see [`admit`]).
+fn admit_cookie_reply(c: StageCtx<'_>, bytes: &[u8], src: SocketAddr, local: Option<LocalAddr>) {
+    let dev = c.iface;
+    let Some(peer) = CookieReply::parse(bytes)
+        .ok()
+        .and_then(|r| dev.peer_by_index(r.receiver))
+    else {
+        dev.stats.rx_unknown_index.fetch_add(1, Ordering::Relaxed);
+        return;
+    };
+    let now = dev.now().as_nanos() as u64;
+    if !peer.cookie_reply.claim(now) {
+        dev.stats
+            .cookie_replies_refused
+            .fetch_add(1, Ordering::Relaxed);
+    } else if dev.queue_handshake(Kind::CookieReply, bytes, src, local) {
+        c.sched.submit_handshake(dev);
+    } else {
+        peer.cookie_reply.unclaim(now);
+    }
 }
 
 /// Sends the reader's pending cookie replies, one batch per socket. Never waits for

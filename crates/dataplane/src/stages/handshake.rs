@@ -95,9 +95,15 @@ fn consume_cookie_reply(c: StageCtx<'_>, job: &HandshakeJob) {
     // A cookie reply is not authenticated by a session: it never moves the endpoint.
     // It may send our initiation again at once, with the cookie (see PeerState).
     let result = step(c, &peer, |state, ctx, out| {
-        state.consume_cookie_reply(ctx, &reply, out)
+        let r = state.consume_cookie_reply(ctx, &reply, out);
+        peer.cookie_reply.settle(state.awaits_cookie_reply());
+        r
     });
     if let Err(e) = result {
+        c.iface
+            .stats
+            .cookie_replies_refused
+            .fetch_add(1, Ordering::Relaxed);
         tracing::debug!(src = %job.src, error = %e, "cookie reply rejected");
     }
 }

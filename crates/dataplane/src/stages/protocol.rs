@@ -53,6 +53,8 @@ pub fn take_step<R>(
             };
             f(&mut state, &mut ctx, &mut out)
         });
+        // Under the lock, before any message of this step leaves (`cookie_slot`).
+        peer.cookie_reply.follow(state.awaits_cookie_reply());
         (r, state.next_deadline())
     };
     iface.rearm(peer, deadline);
