@@ -17,12 +17,12 @@ use crate::peer::Peer;
 use crate::ports::TunPort;
 use crate::sockets::Sockets;
 use crate::stats::Stats;
+use crate::timer_queue::TimerQueue;
 use crate::underload::{ReplyRate, MAX_QUEUED_HANDSHAKES, UNDER_LOAD_AFTER, UNDER_LOAD_THRESHOLD};
 use arc_swap::{ArcSwap, ArcSwapOption};
 use crossbeam_channel::{Receiver, Sender};
 use rand_core::{OsRng, RngCore};
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
@@ -122,7 +122,7 @@ pub struct Interface {
     last_under_load_ns: AtomicU64,
     /// The gate's cookie replies per [`UNDER_LOAD_AFTER`], which keep a flood under load.
     pub(crate) cookie_reply_rate: ReplyRate,
-    timers: Mutex<BinaryHeap<Reverse<(u64, u32)>>>,
+    timers: TimerQueue,
     /// The device's place, MTU and addresses, and the sockets' routing generation.
     pub netwatch: NetWatch,
     /// Limits the ICMP errors written back for packets no peer routes.
@@ -143,10 +143,17 @@ pub(crate) struct PeerIndices<'a> {
 }
 
 impl IndexTable for PeerIndices<'_> {
+    /// A removed peer's step gets an index that is never entered: `forget_peer` has
+    /// taken out those it held, and nothing would take out a new one. Race: removal
+    /// marks the peer before it locks the peer's state to read its indices, and this
+    /// runs under that lock, so either it sees the mark or `forget_peer` sees the index.
     fn allocate(&mut self) -> u32 {
         let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
         loop {
             let i = OsRng.next_u32();
+            if self.peer.is_removed() {
+                return i;
+            }
             if let std::collections::hash_map::Entry::Vacant(e) = map.entry(i) {
                 e.insert(self.peer.clone());
                 return i;
@@ -201,7 +208,7 @@ impl Interface {
             cookie_lane_rx,
             last_under_load_ns: AtomicU64::new(0),
             cookie_reply_rate: Default::default(),
-            timers: Mutex::new(BinaryHeap::new()),
+            timers: TimerQueue::default(),
             netwatch,
             icmp_limit: Default::default(),
             stats: Stats::default(),
@@ -426,34 +433,19 @@ impl Interface {
 
     /// Makes sure the timer queue holds an entry for `peer` no later than `deadline`.
     pub(crate) fn rearm(&self, peer: &Arc<Peer>, deadline: Option<Duration>) {
-        let Some(d) = deadline else { return };
-        let ns = d.as_nanos() as u64;
-        if ns < peer.timer_at.load(Ordering::Relaxed) {
-            peer.timer_at.store(ns, Ordering::Relaxed);
+        if let Some(d) = deadline {
             self.timers
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .push(Reverse((ns, peer.id)));
+                .arm(&peer.timer_at, peer.id, d.as_nanos() as u64);
         }
     }
 
-    /// Pops the ids of peers whose timer entry is due.
-    pub(crate) fn due_timers(&self) -> Vec<u32> {
-        let now = self.now().as_nanos() as u64;
-        let mut heap = self.timers.lock().unwrap_or_else(|p| p.into_inner());
-        let mut due = Vec::new();
-        while let Some(Reverse((at, id))) = heap.peek().copied() {
-            if at > now {
-                break;
-            }
-            heap.pop();
-            due.push(id);
-        }
-        due
+    /// Pops the timer entries due now: (deadline, peer id) (see `timer_queue::take`).
+    pub(crate) fn due_timers(&self) -> Vec<(u64, u32)> {
+        self.timers.pop_due(self.now().as_nanos() as u64)
     }
 
     pub fn timer_queue_len(&self) -> usize {
-        self.timers.lock().unwrap_or_else(|p| p.into_inner()).len()
+        self.timers.len()
     }
 
     /// The local address to send to `endpoint` from: the peer's sticky source while it
@@ -502,6 +494,7 @@ impl Interface {
         table.by_id.remove(&peer.id);
         table.allowed.remove_value(peer.id);
         peer.mark_removed();
+        self.timers.disarm(&peer.timer_at, peer.id);
         let held = peer.state().indices();
         let mut map = self.indices.lock().unwrap_or_else(|p| p.into_inner());
         for i in held {

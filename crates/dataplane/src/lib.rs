@@ -67,6 +67,8 @@ pub mod stats;
 #[cfg(not(loom))]
 pub mod threads;
 #[cfg(not(loom))]
+pub mod timer_queue;
+#[cfg(not(loom))]
 pub mod tun_readers;
 #[cfg(not(loom))]
 pub mod udp_readers;

@@ -42,7 +42,7 @@ pub struct Peer {
     pub tx_bytes: AtomicU64,
     removed: AtomicBool,
     /// Deadline (ns on the device clock) of the entry this peer has in the timer queue;
-    /// `u64::MAX` when it has none.
+    /// `timer_queue::UNARMED` when it has none.
     pub timer_at: AtomicU64,
     /// The local end its authenticated packets arrive at, to send from. Boxed: it
     /// changes rarely, and an idle peer (most of a large gateway's) then pays 8 bytes
@@ -84,7 +84,7 @@ impl Peer {
             rx_bytes: AtomicU64::new(0),
             tx_bytes: AtomicU64::new(0),
             removed: AtomicBool::new(false),
-            timer_at: AtomicU64::new(u64::MAX),
+            timer_at: AtomicU64::new(crate::timer_queue::UNARMED),
             sticky: Mutex::new(None),
             cookie_reply: CookieReplySlot::default(),
         }

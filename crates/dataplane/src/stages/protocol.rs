@@ -37,10 +37,13 @@ pub fn take_step<R>(
     f: impl FnOnce(&mut PeerState, &mut Ctx, &mut Vec<Output>) -> R,
 ) -> (R, Vec<Output>) {
     let iface = c.iface;
-    let identity = iface.identity_now();
     let mut out = Vec::new();
     let (r, deadline) = {
         let mut state = peer.state();
+        // Read under the state lock: a key change sets the identity, then steps each
+        // peer to forget what it derived from the old one. Read before the lock, an
+        // old identity could be used after that step and its DH result kept for good.
+        let identity = iface.identity_now();
         let mut indices = iface.index_table(peer);
         let r = with_step_rng(|rng| {
             let now = iface.now();
@@ -57,6 +60,13 @@ pub fn take_step<R>(
         peer.cookie_reply.follow(state.awaits_cookie_reply());
         (r, state.next_deadline())
     };
+    // A peer removed while this step ran (it was found before): nothing it asked for
+    // is carried out, and it is not armed again. Its indices are not kept either
+    // (`PeerIndices::allocate`).
+    if peer.is_removed() {
+        out.clear();
+        return (r, out);
+    }
     iface.rearm(peer, deadline);
     (r, out)
 }

@@ -6,17 +6,17 @@
 
 use super::nonce::step;
 use super::StageCtx;
-use std::sync::atomic::Ordering;
+use crate::timer_queue::take;
 use wirelane_proto::Output;
 
 pub fn run_due(c: StageCtx<'_>) {
     let dev = c.iface;
-    for id in dev.due_timers() {
+    for (at, id) in dev.due_timers() {
         let Some(peer) = dev.table().by_id.get(&id).cloned() else {
             continue;
         };
-        // This entry is spent; with_peer re-registers the peer's next deadline.
-        peer.timer_at.store(u64::MAX, Ordering::Relaxed);
+        // This entry is spent; the step arms the peer's next deadline.
+        take(&peer.timer_at, at);
         step(c, &peer, |state, ctx, out| {
             state.tick(ctx, out);
             if out.iter().any(|o| matches!(o, Output::Initiation { .. })) {
