@@ -169,6 +169,13 @@ impl CookieGenerator {
         let mac1 = crypto::mac(&self.mac1_key, &[&msg[..off1]]);
         msg[off1..off1 + MAC_LEN].copy_from_slice(&mac1);
         self.last_mac1 = Some(mac1);
+        self.stamp_mac2(msg, now);
+    }
+
+    /// Fills mac2 only, of a message stamped before and sent again: its mac1, and so
+    /// the associated data of a reply to it, is unchanged, and a reply already taken
+    /// for it is not taken again.
+    pub fn stamp_mac2(&self, msg: &mut [u8], now: Duration) {
         let off2 = msg.len() - MAC_LEN;
         let fresh = self.cookie.filter(|(_, born)| {
             now.saturating_sub(*born) < COOKIE_SECRET_MAX_AGE - COOKIE_SECRET_LATENCY

@@ -16,7 +16,7 @@
 use crate::cookie::{CookieError, CookieGenerator};
 use crate::handshake::{Handshake, HandshakeError, InitiationPhase1, LocalIdentity};
 use crate::keypair::{Keypair, REJECT_AFTER_TIME};
-use crate::messages::{CookieReply, Response};
+use crate::messages::{CookieReply, Response, INITIATION_LEN};
 use crate::timers::*;
 use rand_core::RngCore;
 use std::net::SocketAddr;
@@ -63,7 +63,9 @@ pub enum Output {
     /// A session is usable: send the staged packets; if none are staged and
     /// `keepalive_if_empty`, send a keepalive to confirm the session.
     SendStaged { keepalive_if_empty: bool },
-    /// Send one keepalive (through the normal transmit path).
+    /// Send one keepalive (through the normal transmit path), unless packets are
+    /// staged: they go instead, and serve as one (the kernel's rule). Stacked on them,
+    /// each retry's keepalive would be staged too, crowding out data.
     Keepalive,
     /// Handshake attempts ran out: drop the staged packets.
     DropStaged,
@@ -78,8 +80,8 @@ pub struct PeerState {
     timers: Timers,
     last_sent_initiation: Option<Duration>,
     handshake_attempts: u32,
-    /// The initiation in flight has already been resent early, on a cookie reply.
-    cookie_retry_spent: bool,
+    /// The initiation in flight, while a cookie reply may still send it again (once).
+    resendable: Option<Box<[u8; INITIATION_LEN]>>,
     sent_lastminute_handshake: bool,
     persistent_keepalive: u16,
     endpoint: Option<SocketAddr>,
@@ -103,7 +105,7 @@ impl PeerState {
             timers: Timers::default(),
             last_sent_initiation: None,
             handshake_attempts: 0,
-            cookie_retry_spent: false,
+            resendable: None,
             sent_lastminute_handshake: false,
             persistent_keepalive: 0,
             endpoint: None,
@@ -209,7 +211,6 @@ impl PeerState {
                 return;
             }
         }
-        self.cookie_retry_spent = false;
         self.send_initiation(ctx, reason, out);
     }
 
@@ -232,6 +233,7 @@ impl PeerState {
         }
         let mut bytes = msg.to_bytes();
         self.cookies.stamp(&mut bytes, ctx.now);
+        self.resendable = Some(Box::new(bytes));
         self.last_sent_initiation = Some(ctx.now);
         self.any_authenticated_traversal(ctx.now);
         self.any_authenticated_sent();
@@ -320,17 +322,22 @@ impl PeerState {
 
     /// Takes the cookie out of a reply to our last handshake message.
     ///
-    /// If the reply answers the initiation in flight, the initiation is sent again at
-    /// once, now with a mac2, rather than when the retry timer fires: a responder under
-    /// load answers a mac1-only initiation with nothing but a cookie, so waiting would
-    /// add REKEY_TIMEOUT to every session set up while it is loaded. Nothing in the
-    /// protocol ties the next initiation to the timer; the kernel and wireguard-go just
-    /// happen to wait.
+    /// If the reply answers the initiation in flight, that same initiation (index,
+    /// ephemeral, timestamp) is sent again at once, now with a mac2, rather than a new
+    /// one when the retry timer fires: a responder under load answers a mac1-only
+    /// initiation with nothing but a cookie, so waiting would add REKEY_TIMEOUT to
+    /// every session set up while it is loaded. The kernel and wireguard-go wait.
     ///
-    /// Bound: once per initiation the timer sent. mac1 is visible on the wire, so an
-    /// on-path attacker can forge a reply that opens; the early initiation's reply
-    /// (forged or real) cannot trigger another, so such an attacker gets at most one
-    /// extra initiation per REKEY_TIMEOUT out of us.
+    /// Why the same message: mac1 is visible on the wire, so anyone on the path who
+    /// knows the responder's public key can forge a reply that opens. A new initiation
+    /// would abandon the one in flight, whose response may already be on its way, and
+    /// the responder would refuse the new one as a replay or a flood (same timestamp
+    /// granule, within 20 ms): a forger could keep the tunnel down for good. The same
+    /// message leaves the handshake in flight as it was; a responder that answered it
+    /// already refuses the copy as a replay, and its response still completes it.
+    ///
+    /// Bound: once per initiation sent; a forger gets one extra datagram out of us per
+    /// REKEY_TIMEOUT, not one per reply.
     pub fn consume_cookie_reply(
         &mut self,
         ctx: &mut Ctx,
@@ -338,9 +345,18 @@ impl PeerState {
         out: &mut Vec<Output>,
     ) -> Result<(), CookieError> {
         self.cookies.consume_reply(reply, ctx.now)?;
-        if self.handshake.pending_index() == Some(reply.receiver) && !self.cookie_retry_spent {
-            self.cookie_retry_spent = true;
-            self.send_initiation(ctx, InitiationReason::CookieReply, out);
+        if self.handshake.pending_index() != Some(reply.receiver) {
+            return Ok(());
+        }
+        if let Some(mut bytes) = self.resendable.take() {
+            // The same message (index, ephemeral, timestamp), now with a mac2.
+            self.cookies.stamp_mac2(&mut bytes[..], ctx.now);
+            self.any_authenticated_traversal(ctx.now);
+            self.any_authenticated_sent();
+            out.push(Output::Initiation {
+                reason: InitiationReason::CookieReply,
+                message: bytes.to_vec(),
+            });
         }
         Ok(())
     }
@@ -493,11 +509,13 @@ impl PeerState {
 
     /// Sets the persistent keepalive interval (0 disables); enabling it sends one now.
     pub fn set_persistent_keepalive(&mut self, secs: u16, out: &mut Vec<Output>) {
-        let changed = secs != self.persistent_keepalive;
+        // One keepalive when it is turned on, not on a change of interval, as in the
+        // kernel: the timer already runs.
+        let turned_on = self.persistent_keepalive == 0 && secs != 0;
         self.persistent_keepalive = secs;
         if secs == 0 {
             self.timers.persistent_keepalive = None;
-        } else if changed {
+        } else if turned_on {
             out.push(Output::Keepalive);
         }
     }

@@ -206,17 +206,23 @@ impl Sim {
                     self.transmit(i, b);
                 }
                 Output::SendStaged { keepalive_if_empty } => {
-                    let staged = std::mem::take(&mut self.nodes[i].staged);
-                    if staged.is_empty() && keepalive_if_empty {
-                        self.send(i, Vec::new());
-                    }
-                    for p in staged {
-                        self.send(i, p);
-                    }
+                    self.send_staged(i, keepalive_if_empty)
                 }
-                Output::Keepalive => self.send(i, Vec::new()),
+                Output::Keepalive => self.send_staged(i, true),
                 Output::DropStaged => self.nodes[i].staged.clear(),
             }
+        }
+    }
+
+    /// The staged packets, or a keepalive if none are staged and `keepalive_if_empty`
+    /// (as the daemon's `nonce::send_staged`).
+    fn send_staged(&mut self, i: usize, keepalive_if_empty: bool) {
+        let staged = std::mem::take(&mut self.nodes[i].staged);
+        if staged.is_empty() && keepalive_if_empty {
+            self.send(i, Vec::new());
+        }
+        for p in staged {
+            self.send(i, p);
         }
     }
 

@@ -258,10 +258,12 @@ fn cookie_reply_resends_an_initiation_at_most_once_per_retry() {
     s.with_ctx(0, |p, ctx, out| p.consume_cookie_reply(ctx, &reply, out))
         .unwrap();
     assert_eq!(s.nodes[0].stats.initiations_sent, 2);
-    // ...but a reply to that early resend only stores the cookie.
+    // ...but a reply to that early resend (the same message, answered already) is
+    // refused and sends nothing.
     let reply = cookie_reply_to(&mut s);
-    s.with_ctx(0, |p, ctx, out| p.consume_cookie_reply(ctx, &reply, out))
-        .unwrap();
+    assert!(s
+        .with_ctx(0, |p, ctx, out| p.consume_cookie_reply(ctx, &reply, out))
+        .is_err());
     assert_eq!(s.nodes[0].stats.initiations_sent, 2);
     // The retry timer still runs, and its initiation may be resent early once more.
     s.advance(REKEY_TIMEOUT + REKEY_TIMEOUT_JITTER_MAX + 10 * MS, 10 * MS);
@@ -270,6 +272,81 @@ fn cookie_reply_resends_an_initiation_at_most_once_per_retry() {
     s.with_ctx(0, |p, ctx, out| p.consume_cookie_reply(ctx, &reply, out))
         .unwrap();
     assert_eq!(s.nodes[0].stats.initiations_sent, 4);
+}
+
+/// A cookie reply forged on the path (it opens: mac1, seen on the wire, and the
+/// responder's public key are all it takes) while the response to our initiation is on
+/// its way: the initiation goes out again unchanged but for mac2, the responder
+/// refuses the copy as a replay, and its response still completes the handshake. (A
+/// new initiation here abandoned the one in flight, and the responder refused the new
+/// one: a forger could keep the tunnel down.)
+#[test]
+fn a_forged_cookie_reply_does_not_abandon_the_handshake_in_flight() {
+    let mut s = Sim::new();
+    s.with_ctx(0, |p, ctx, out| {
+        p.initiate(ctx, InitiationReason::NoSession, out)
+    });
+    let (_, first) = s.net.pop_front().unwrap();
+    let sender = Initiation::parse(&first).unwrap().sender;
+    let mut forger = crate::cookie::CookieChecker::new(&s.nodes[1].local.public);
+    let forged = forger.create_reply(
+        &first,
+        sender,
+        &"192.0.2.9:1".parse().unwrap(),
+        s.now,
+        &mut TestRng(5),
+    );
+    s.receive(1, first.clone());
+    let (_, response) = s.net.pop_front().unwrap();
+    s.now += MS;
+    s.with_ctx(0, |p, ctx, out| p.consume_cookie_reply(ctx, &forged, out))
+        .unwrap();
+    let again = s.nodes[0].sent_log.last().unwrap().clone();
+    assert_eq!(again[..132], first[..132], "the same initiation and mac1");
+    assert_ne!(again[132..], first[132..], "now with a mac2");
+    s.flush();
+    assert_eq!(s.nodes[1].stats.handshake_errors, [HandshakeError::Replay]);
+    s.receive(0, response);
+    s.flush();
+    assert!(s.nodes[0].peer.can_send(s.now));
+    s.app_send(0, &payload(1));
+    assert_eq!(s.nodes[1].delivered, vec![payload(1)]);
+    assert_eq!(s.nodes[0].stats.initiations_sent, 2);
+}
+
+/// A keepalive is sent when persistent keepalive is turned on, not when its interval
+/// changes (the kernel's rule): the timer already runs.
+#[test]
+fn changing_the_keepalive_interval_sends_nothing() {
+    let mut s = Sim::new();
+    s.app_send(0, &payload(1));
+    let sent = |s: &Sim| s.nodes[0].stats.keepalives_sent;
+    let before = sent(&s);
+    s.with_ctx(0, |p, _, out| p.set_persistent_keepalive(25, out));
+    s.flush();
+    assert_eq!(sent(&s), before + 1, "turned on: one keepalive");
+    s.with_ctx(0, |p, _, out| p.set_persistent_keepalive(30, out));
+    s.flush();
+    assert_eq!(sent(&s), before + 1, "a new interval: none");
+}
+
+/// While a handshake keeps failing, persistent keepalives do not pile up behind the
+/// staged data: with packets staged, a keepalive sends those instead.
+#[test]
+fn keepalives_are_not_staged_on_top_of_data() {
+    let mut s = Sim::new();
+    s.drop_to[1] = true;
+    s.with_ctx(0, |p, _, out| p.set_persistent_keepalive(1, out));
+    s.flush();
+    assert_eq!(
+        s.nodes[0].staged,
+        vec![Vec::<u8>::new()],
+        "the first keepalive waits"
+    );
+    s.nodes[0].staged.clear();
+    s.app_send(0, &payload(1));
+    s.advance(30 * SEC, 100 * MS);
+    assert_eq!(s.nodes[0].staged, vec![payload(1)]);
 }
 
 #[test]

@@ -74,9 +74,7 @@ pub fn step<R>(
             }
             Output::Handshake(bytes) => send_to_peer(c, peer, &bytes),
             Output::SendStaged { keepalive_if_empty } => send_staged(c, peer, keepalive_if_empty),
-            Output::Keepalive => {
-                assign_and_enqueue(c, peer, vec![Packet::with_capacity(0)], Budget::Bypassed)
-            }
+            Output::Keepalive => send_staged(c, peer, true),
             Output::DropStaged => {
                 let n = peer.take_staged().len();
                 c.iface
