@@ -78,7 +78,7 @@ pub struct PeerState {
     previous: Option<Arc<Keypair>>,
     next: Option<Arc<Keypair>>,
     timers: Timers,
-    last_sent_initiation: Option<Duration>,
+    last_sent_handshake: Option<Duration>,
     handshake_attempts: u32,
     /// The initiation in flight, while a cookie reply may still send it again (once).
     resendable: Option<Box<[u8; INITIATION_LEN]>>,
@@ -103,7 +103,7 @@ impl PeerState {
             previous: None,
             next: None,
             timers: Timers::default(),
-            last_sent_initiation: None,
+            last_sent_handshake: None,
             handshake_attempts: 0,
             resendable: None,
             sent_lastminute_handshake: false,
@@ -201,13 +201,21 @@ impl PeerState {
         self.timers.zero_key_material = Some(now + 3 * REJECT_AFTER_TIME);
     }
 
-    /// Starts (or retries) a handshake. At most one initiation per REKEY_TIMEOUT.
+    /// Starts (or retries) a handshake. At most one initiation per REKEY_TIMEOUT, and
+    /// none within REKEY_TIMEOUT of a response we sent (the kernel's rule): a responder
+    /// with data for the initiator waits for its first packet (key confirmation)
+    /// instead of starting a second handshake. A retry held back so is tried again a
+    /// REKEY_TIMEOUT after that response, rather than never (the kernel's would wait
+    /// for new data).
     pub fn initiate(&mut self, ctx: &mut Ctx, reason: InitiationReason, out: &mut Vec<Output>) {
         if reason != InitiationReason::Retry {
             self.handshake_attempts = 0;
         }
-        if let Some(t) = self.last_sent_initiation {
+        if let Some(t) = self.last_sent_handshake {
             if ctx.now < t + REKEY_TIMEOUT {
+                if reason == InitiationReason::Retry {
+                    self.timers.retransmit_handshake = Some(t + REKEY_TIMEOUT + ctx.jitter());
+                }
                 return;
             }
         }
@@ -234,7 +242,7 @@ impl PeerState {
         let mut bytes = msg.to_bytes();
         self.cookies.stamp(&mut bytes, ctx.now);
         self.resendable = Some(Box::new(bytes));
-        self.last_sent_initiation = Some(ctx.now);
+        self.last_sent_handshake = Some(ctx.now);
         self.any_authenticated_traversal(ctx.now);
         self.any_authenticated_sent();
         self.timers.retransmit_handshake = Some(ctx.now + REKEY_TIMEOUT + ctx.jitter());
@@ -281,6 +289,7 @@ impl PeerState {
 
         let mut bytes = resp.to_bytes();
         self.cookies.stamp(&mut bytes, ctx.now);
+        self.last_sent_handshake = Some(ctx.now);
         self.any_authenticated_traversal(ctx.now);
         self.any_authenticated_sent();
         out.push(Output::Handshake(bytes.to_vec()));
@@ -504,7 +513,7 @@ impl PeerState {
         for kp in [&self.current, &self.next].into_iter().flatten() {
             kp.expire();
         }
-        self.last_sent_initiation = None;
+        self.last_sent_handshake = None;
     }
 
     /// Sets the persistent keepalive interval (0 disables); enabling it sends one now.

@@ -349,6 +349,52 @@ fn keepalives_are_not_staged_on_top_of_data() {
     assert_eq!(s.nodes[0].staged, vec![payload(1)]);
 }
 
+/// A responder with data for the initiator right after answering waits for the
+/// initiator's first packet (key confirmation) instead of starting a second handshake,
+/// as in the kernel: a response counts toward the one-initiation-per-REKEY_TIMEOUT rule.
+#[test]
+fn a_responder_with_data_waits_for_key_confirmation() {
+    let mut s = Sim::new();
+    s.with_ctx(0, |p, ctx, out| {
+        p.initiate(ctx, InitiationReason::NoSession, out)
+    });
+    let (_, initiation) = s.net.pop_front().unwrap();
+    s.receive(1, initiation);
+    s.send(1, payload(2));
+    assert_eq!(s.nodes[1].stats.initiations_sent, 0);
+    assert_eq!(s.nodes[1].staged, vec![payload(2)]);
+    s.flush();
+    assert_eq!(s.nodes[0].delivered, vec![payload(2)]);
+    assert_eq!(s.nodes[1].stats.initiations_sent, 0);
+}
+
+/// A retry held back by a response we sent is tried again a REKEY_TIMEOUT after that
+/// response, not dropped for good.
+#[test]
+fn a_retry_held_back_by_a_response_is_tried_again() {
+    let mut s = Sim::new();
+    s.drop_to[1] = true;
+    s.app_send(0, &payload(1));
+    assert_eq!(s.nodes[0].stats.initiations_sent, 1);
+    // The peer's own initiation arrives 4 s later and is answered; the answer is lost.
+    s.now += 4 * SEC;
+    s.with_ctx(1, |p, ctx, out| {
+        p.initiate(ctx, InitiationReason::NoSession, out)
+    });
+    s.drop_to[0] = true;
+    s.drop_to[1] = false;
+    s.flush();
+    assert_eq!(s.nodes[0].stats.responses_sent, 1);
+    s.drop_to = [false, false];
+    // The retry due at 5 s is held back; it goes at about 9 s, and completes.
+    s.advance(2 * SEC, 10 * MS);
+    assert_eq!(s.nodes[0].stats.initiations_sent, 1);
+    s.advance(4 * SEC, 10 * MS);
+    assert_eq!(s.nodes[0].stats.initiations_sent, 2);
+    assert!(s.nodes[0].peer.can_send(s.now));
+    assert!(s.nodes[1].delivered.contains(&payload(1)));
+}
+
 #[test]
 fn cookie_reply_with_wrong_mac1_is_ignored() {
     let mut s = Sim::new();
