@@ -164,6 +164,16 @@ impl Scheduler for Threaded {
     fn schedule_serial(&self, work: Serial<'_>) {
         let key = (work.iface.id, work.peer.id);
         let mut map = self.serial.lock().unwrap_or_else(|p| p.into_inner());
+        // A crypt item that finished after its peer (or interface) was taken out of the
+        // map must not put it back: at the thread limit nothing would take it out
+        // again. Its queue was cleared; running it here only ends the wake-up. Checked
+        // under the map's lock: a peer is marked removed before `peer_removed` takes
+        // it, so either this sees the mark or `peer_removed` sees the entry.
+        if work.peer.is_removed() || work.iface.stopping() {
+            drop(map);
+            stages::run_serial(self, work, usize::MAX);
+            return;
+        }
         match self.thread_for(&mut map, key) {
             Some(t) => {
                 let _ = t.tx.send(work.into_owned());
