@@ -131,6 +131,56 @@ pub fn read_threads(pid: u32) -> HashMap<u32, (String, SchedTimes)> {
     out
 }
 
+/// [`read_threads`], and one more entry, [`EXITED_THREADS`], for the threads that
+/// ended: what CPU deltas are taken over.
+pub fn read_threads_and_ended(pid: u32) -> HashMap<u32, (String, SchedTimes)> {
+    let mut out = read_threads(pid);
+    // Threads that ended (a per-peer serial thread retiring, a storm's helpers) leave
+    // /proc/PID/task with their time; the process's own total keeps it. Their share is
+    // the total less the live threads', as one more entry, so a delta over a window in
+    // which threads ended still counts their CPU. The total is in clock ticks (10 ms),
+    // which bounds this entry's error.
+    if let Some(total) = process_run_ns(pid) {
+        let live: u64 = out.values().map(|(_, t)| t.run_ns).sum();
+        let exited = SchedTimes {
+            run_ns: total.saturating_sub(live),
+            wait_ns: 0,
+        };
+        out.insert(EXITED_THREADS, (EXITED_THREADS_NAME.to_string(), exited));
+    }
+    out
+}
+
+/// The key of [`read_threads`]' entry for the threads that ended (no thread has id 0).
+pub const EXITED_THREADS: u32 = 0;
+pub const EXITED_THREADS_NAME: &str = "(ended threads)";
+
+/// A process's CPU time, its live and ended threads', from `/proc/PID/stat`.
+fn process_run_ns(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    process_ticks(&stat).map(|t| t * 1_000_000_000 / clock_ticks_per_second())
+}
+
+/// utime + stime of a `/proc/PID/stat` line: its 14th and 15th fields, counted after
+/// the command's closing parenthesis (the command may hold spaces and parentheses).
+fn process_ticks(stat: &str) -> Option<u64> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let mut fields = rest.split_whitespace().skip(11);
+    let utime: u64 = fields.next()?.parse().ok()?;
+    let stime: u64 = fields.next()?.parse().ok()?;
+    Some(utime + stime)
+}
+
+fn clock_ticks_per_second() -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if hz > 0 {
+        hz as u64
+    } else {
+        100
+    }
+}
+
 /// A thread's scheduler times from its `schedstat` file (zero where it is missing).
 fn read_schedstat(path: &std::path::Path) -> SchedTimes {
     let stat = std::fs::read_to_string(path).unwrap_or_default();
@@ -321,5 +371,38 @@ intr 12345\nctxt 99\n";
         assert!(d.iter().map(|t| t.cpu_s).sum::<f64>() >= 0.02, "{d:?}");
         assert!(peak_rss_kib(pid).unwrap() > 0);
         assert!(rss_kib(pid).unwrap() > 0);
+    }
+
+    /// A thread that burns CPU and ends between two readings still counts. (No bound
+    /// on how much: only that the ended thread's work is not lost, which was 0.)
+    #[test]
+    fn an_ended_thread_keeps_its_cpu() {
+        let pid = std::process::id();
+        let before = read_threads_and_ended(pid);
+        std::thread::spawn(|| {
+            let t0 = std::time::Instant::now();
+            let mut x = 0u64;
+            while t0.elapsed() < std::time::Duration::from_millis(200) {
+                x = x.wrapping_mul(31).wrapping_add(7);
+            }
+            std::hint::black_box(x);
+        })
+        .join()
+        .unwrap();
+        let after = read_threads_and_ended(pid);
+        let d = thread_deltas("self", &before, &after);
+        let ended: f64 = d
+            .iter()
+            .filter(|t| t.thread == EXITED_THREADS_NAME)
+            .map(|t| t.cpu_s)
+            .sum();
+        assert!(ended > 0.0, "{d:?}");
+    }
+
+    #[test]
+    fn process_ticks_are_read_past_the_command() {
+        let stat = "42 (a) b (c)) S 1 42 42 0 -1 4194560 100 0 0 0 17 5 0 0 20 0 3 0";
+        assert_eq!(process_ticks(stat), Some(22));
+        assert_eq!(process_ticks("42 (x) S 1"), None);
     }
 }

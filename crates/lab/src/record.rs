@@ -115,9 +115,7 @@ impl RunRecord {
             return s.delivered * s.spec.as_ref().map_or(0, |p| p.size as u64);
         }
         let tcp: u64 = self.tcp.iter().map(|t| t.bytes).sum();
-        let udp = self
-            .udp
-            .map_or(0, |u| (u.goodput_bps / 8.0 * self.seconds) as u64);
+        let udp = self.udp.map_or(0, |u| u.delivered_bytes());
         tcp + udp
     }
 }

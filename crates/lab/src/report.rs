@@ -190,9 +190,15 @@ pub fn history_table(sets: &BTreeMap<String, Vec<RunRecord>>) -> String {
             }
         }
     }
+    // A change is judged only between sets of one CPU model: across machines it says
+    // nothing about the code.
+    let cpus: Vec<&str> = sets
+        .values()
+        .map(|recs| recs.first().map_or("", |r| r.env.cpu_model.as_str()))
+        .collect();
     let mut out = String::from("<table><tr><th>cell</th><th>implementation</th><th>figure</th>");
-    for n in &names {
-        let _ = write!(out, "<th>{}</th>", esc(n));
+    for (n, cpu) in names.iter().zip(&cpus) {
+        let _ = write!(out, "<th>{}<br><small>{}</small></th>", esc(n), esc(cpu));
     }
     out.push_str("</tr>");
     for ((cell, name, metric), vals) in &rows {
@@ -203,11 +209,13 @@ pub fn history_table(sets: &BTreeMap<String, Vec<RunRecord>>) -> String {
             esc(cell),
             esc(name)
         );
-        let mut prev: Option<f64> = None;
-        for v in vals {
+        let mut prev: Option<(f64, &str)> = None;
+        for (v, cpu) in vals.iter().zip(&cpus) {
             match v {
                 Some(v) => {
-                    let change = prev.and_then(|p| pct_change(p, *v));
+                    let change = prev
+                        .filter(|(_, c)| c == cpu)
+                        .and_then(|(p, _)| pct_change(p, *v));
                     let cls = match change {
                         Some(c) if c.abs() >= 5.0 && ((c > 0.0) == higher) => "better",
                         Some(c) if c.abs() >= 5.0 => "worse",
@@ -216,7 +224,7 @@ pub fn history_table(sets: &BTreeMap<String, Vec<RunRecord>>) -> String {
                     let ch =
                         change.map_or(String::new(), |c| format!(" <small>({c:+.1}%)</small>"));
                     let _ = write!(out, r#"<td class="{cls}">{v:.3}{ch}</td>"#);
-                    prev = Some(*v);
+                    prev = Some((*v, cpu));
                 }
                 None => out.push_str("<td>–</td>"),
             }

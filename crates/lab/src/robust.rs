@@ -483,9 +483,9 @@ pub fn flood_alone_scenario(secs: f64) -> Result<FloodAloneOutcome> {
     let t = Target::up(None)?;
     let pid = t.tun.daemons[1].pid.ok_or("daemon has no pid")?;
     let before = t.stats()?;
-    let threads_before = crate::cpu::read_threads(pid);
+    let threads_before = crate::cpu::read_threads_and_ended(pid);
     let flood = join(t.flood(FloodKind::Spoofed, Duration::from_secs_f64(secs)))?;
-    let threads_after = crate::cpu::read_threads(pid);
+    let threads_after = crate::cpu::read_threads_and_ended(pid);
     // Counters only: what B still holds in its socket is answered or dropped after.
     std::thread::sleep(Duration::from_millis(300));
     let after = t.stats()?;

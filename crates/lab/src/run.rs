@@ -135,7 +135,10 @@ fn measure(which: Impl, cell: &Cell, dur: Duration, rec: &mut RunRecord) -> Resu
         .iter()
         .map(|(i, _)| signatures::snapshot(i).unwrap_or_default())
         .collect();
-    let threads_before: Vec<_> = pids.iter().map(|p| cpu::read_threads(*p)).collect();
+    let threads_before: Vec<_> = pids
+        .iter()
+        .map(|p| cpu::read_threads_and_ended(*p))
+        .collect();
     let cores_before = cpu::read_cores();
     let self_before = self_cpu_s();
     let apps_before = cpu::finished_workload_threads();
@@ -231,7 +234,7 @@ fn measure(which: Impl, cell: &Cell, dur: Duration, rec: &mut RunRecord) -> Resu
         .sum();
     let mut threads = Vec::new();
     for (i, pid) in pids.iter().enumerate() {
-        let after = cpu::read_threads(*pid);
+        let after = cpu::read_threads_and_ended(*pid);
         let side = if i == 0 { "a" } else { "b" };
         threads.extend(cpu::thread_deltas(
             &format!("{}:{side}", which.name()),

@@ -401,7 +401,10 @@ fn measure(which: Impl, spec: &StarSpec, rec: &mut StarRecord) -> Result<()> {
     // Let the keepalives land, so the gateway may send on every session.
     std::thread::sleep(Duration::from_millis(300));
 
-    let threads_before: Vec<_> = pids.iter().map(|&p| cpu::read_threads(p)).collect();
+    let threads_before: Vec<_> = pids
+        .iter()
+        .map(|&p| cpu::read_threads_and_ended(p))
+        .collect();
     let cores_before = cpu::read_cores();
     let counters_before = GatewayCounters::read(&gw, &tuns)?;
     // wirelane's own counters (its execution-order signatures and queue figures).
@@ -452,7 +455,7 @@ fn measure(which: Impl, spec: &StarSpec, rec: &mut StarRecord) -> Result<()> {
     if !pids.is_empty() {
         let mut threads = 0;
         for (&pid, before) in pids.iter().zip(&threads_before) {
-            let after = cpu::read_threads(pid);
+            let after = cpu::read_threads_and_ended(pid);
             threads += after.len();
             rec.daemon_cpu_s += cpu::thread_deltas(&which.name(), before, &after)
                 .iter()
@@ -527,9 +530,11 @@ fn measure(which: Impl, spec: &StarSpec, rec: &mut StarRecord) -> Result<()> {
             let end = r.last.unwrap_or(start);
             rec.seconds = end.saturating_duration_since(start).as_secs_f64();
             rec.sent = inner.packets;
-            rec.delivered = r.packets;
+            // Delivered once: a duplicate counter is not a packet delivered.
+            let once = r.packets - r.duplicates;
+            rec.delivered = once;
             rec.tunnel_delivered = per_tunnel(&r.per_peer, tunnels);
-            rec.lost_in_gateway = counters.tun_tx.saturating_sub(r.packets);
+            rec.lost_in_gateway = counters.tun_tx.saturating_sub(once);
             rec.gateway_socket_drops = counters.tun_tx_dropped;
             rec.duplicates = r.duplicates;
             rec.reordered = r.reordered;

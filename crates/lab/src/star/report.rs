@@ -72,7 +72,7 @@ pub struct StarArgs {
     #[arg(long, default_value_t = 5.0)]
     pub seconds: f64,
     /// Inner packet size, bytes.
-    #[arg(long, default_value_t = 1420)]
+    #[arg(long, default_value_t = super::spec::DEFAULT_SIZE)]
     pub size: usize,
     /// Offered load per peer, Mbit/s of inner packets (seed 000 used 25); the total
     /// grows with N. Without it (or --offered-gbit) the generator sends unlimited.

@@ -109,6 +109,9 @@ fn one_tunnel() -> usize {
 /// The most tunnels one gateway run spreads its peers over.
 pub const MAX_TUNNELS: usize = 64;
 
+/// The inner packet size a star run uses unless told otherwise (`--size`).
+pub const DEFAULT_SIZE: usize = 1420;
+
 /// What makes runs comparable: direction, N, offered load and whether the
 /// handshakes came as a storm.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -125,35 +128,37 @@ pub struct Shape {
     /// Light peers among the N, and each one's rate in kbit/s.
     pub light: Option<(usize, u64)>,
     pub tunnels: usize,
+    /// Inner packet size, bytes, and whether all peers share one outer source.
+    pub size: usize,
+    pub shared_source: bool,
 }
 
 impl Shape {
-    /// Table order: direction, then N, tunnels, load, storm, family, sink and light
-    /// peers.
+    /// Table order: direction, then N, tunnels, load, storm, family, sink, light
+    /// peers, size and a shared source.
     #[allow(clippy::type_complexity)]
     pub fn order(
         &self,
     ) -> (
-        u8,
-        usize,
-        usize,
-        u64,
-        bool,
-        usize,
-        u8,
-        u8,
-        Option<(usize, u64)>,
+        (u8, usize, usize, u64, bool, usize),
+        (u8, u8, Option<(usize, u64)>, usize, bool),
     ) {
         (
-            self.way as u8,
-            self.peers,
-            self.tunnels,
-            self.offered_pps.unwrap_or(u64::MAX),
-            self.storm,
-            self.storm_peers,
-            self.family as u8,
-            self.sink as u8,
-            self.light,
+            (
+                self.way as u8,
+                self.peers,
+                self.tunnels,
+                self.offered_pps.unwrap_or(u64::MAX),
+                self.storm,
+                self.storm_peers,
+            ),
+            (
+                self.family as u8,
+                self.sink as u8,
+                self.light,
+                self.size,
+                self.shared_source,
+            ),
         )
     }
 }
@@ -183,6 +188,12 @@ impl std::fmt::Display for Shape {
         if let Some((k, kbit)) = self.light {
             write!(f, " ({k} light at {} Mbit/s)", kbit as f64 / 1e3)?;
         }
+        if self.size != DEFAULT_SIZE {
+            write!(f, " {} B", self.size)?;
+        }
+        if self.shared_source {
+            f.write_str(" one source")?;
+        }
         Ok(())
     }
 }
@@ -200,6 +211,8 @@ impl StarSpec {
             light: (self.light_peers > 0)
                 .then(|| (self.light_peers, (self.light_mbit * 1e3).round() as u64)),
             tunnels: self.tunnels,
+            size: self.size,
+            shared_source: self.shared_source,
         }
     }
 

@@ -56,7 +56,6 @@ pub fn table(records: &[StarRecord], cpu: &str) -> String {
         let m = |f: &dyn Fn(&StarRecord) -> Option<f64>| {
             median(&runs.iter().filter_map(|r| f(r)).collect::<Vec<_>>())
         };
-        let floor = m(&|r| Some(r.aead_floor_s_per_gb));
         let per_gb = m(&|r| r.cpu_s_per_gb);
         let lost = m(&|r| lost_pct(r.sent + r.unsent, r.delivered));
         let wrong = match shape.sink {
@@ -81,7 +80,15 @@ pub fn table(records: &[StarRecord], cpu: &str) -> String {
             ),
             fmt(m(&|r| Some(r.goodput_bps / 1e9)), 2),
             fmt(per_gb, 2),
-            fmt(per_gb.zip(floor).map(|(c, f)| c / f), 2),
+            // Each run against the floor measured beside it, then the median.
+            fmt(
+                m(&|r| {
+                    r.cpu_s_per_gb
+                        .filter(|_| r.aead_floor_s_per_gb > 0.0)
+                        .map(|c| c / r.aead_floor_s_per_gb)
+                }),
+                2,
+            ),
             fmt(lost, 2),
             wrong,
             fmt(m(&|r| r.delay_p99_us.map(|d| d / 1e3)), 2),
@@ -105,7 +112,9 @@ pub fn table(records: &[StarRecord], cpu: &str) -> String {
         &format!(
             "Star: one gateway, N emulated peers. Medians of the repeats; CPU: {cpu}. \
              \"wrong\" sums reordered, duplicated, corrupted and misdelivered packets and \
-             bad samples over all runs; a blackhole sink only counts. With light peers, \
+             bad samples over all runs; a blackhole sink only counts. \"× AEAD floor\" is \
+             the median of each run's CPU per GB over the floor measured beside it. With \
+             light peers, \
              \"delay\" is the heavy peers'. \"daemon sojourn\" is the mean time a packet \
              spent in the daemon, by its own counters (wirelane): receive from the \
              kernel's arrival stamp on the datagram to the TUN write, transmit from the \
@@ -262,6 +271,21 @@ mod tests {
         assert!(row.contains("0.50× (0.50–0.50)"), "{row}");
         assert!(!md.contains("| base |"), "{md}");
         assert_eq!(daemon_sojourn_ms(&records[0]), Some(10.0));
+    }
+
+    /// Runs of another packet size, or with all peers behind one source, are another
+    /// cell: pooled, their medians mixed two workloads.
+    #[test]
+    fn runs_of_another_size_or_source_are_another_cell() {
+        let a = run("x", 0, 1.0, 1).spec.unwrap();
+        let (mut b, mut c) = (a.clone(), a.clone());
+        b.size = 512;
+        c.shared_source = true;
+        assert_ne!(a.shape(), b.shape());
+        assert_ne!(a.shape(), c.shape());
+        assert_eq!(a.shape().to_string(), "rx N=1000 unlimited storm");
+        assert!(b.shape().to_string().ends_with(" 512 B"));
+        assert!(c.shape().to_string().ends_with(" one source"));
     }
 
     #[test]

@@ -44,6 +44,16 @@ fn total_retrans(s: &TcpStream) -> u64 {
     }
 }
 
+/// The seconds a transfer's bytes are divided by: from the first read to the last,
+/// but never less than the `dur` the senders were given, so a stream that stalled or
+/// ended early shows the rate it achieved over the run, not over the part it ran.
+fn transfer_secs(first: Option<Instant>, last: Option<Instant>, dur: Duration) -> f64 {
+    match (first, last) {
+        (Some(f), Some(l)) => (l - f).max(dur).as_secs_f64(),
+        _ => dur.as_secs_f64(),
+    }
+}
+
 /// Runs `streams` parallel connections from `src` to `dst_addr` (in `dst`) for `dur`.
 pub fn bulk(
     src: &str,
@@ -102,10 +112,7 @@ pub fn bulk(
                 (a, b) => a.or(b),
             };
         }
-        let secs = match (first, last) {
-            (Some(f), Some(l)) => (l - f).as_secs_f64().max(1e-3),
-            _ => dur.as_secs_f64(),
-        };
+        let secs = transfer_secs(first, last, dur);
         Ok((bytes, corrupt, secs))
     });
     let port = port_from(&rx)?;
@@ -115,20 +122,25 @@ pub fn bulk(
         for _ in 0..streams {
             let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(10))?;
             s.set_write_timeout(Some(Duration::from_secs(5)))?;
-            writers.push(std::thread::spawn(move || -> u64 {
+            writers.push(std::thread::spawn(move || -> Result<u64> {
                 let buf = vec![FILL; 128 * 1024];
                 let end = Instant::now() + dur;
                 while Instant::now() < end {
-                    if s.write_all(&buf).is_err() {
-                        break;
-                    }
+                    // A stream that stalls for the write timeout, or breaks, fails the
+                    // run: its figures would describe a tunnel that stopped.
+                    s.write_all(&buf)
+                        .map_err(|e| format!("TCP stream stopped before its end: {e}"))?;
                 }
                 let r = total_retrans(&s);
                 let _ = s.shutdown(std::net::Shutdown::Write);
-                r
+                Ok(r)
             }));
         }
-        Ok(writers.into_iter().map(|w| w.join().unwrap_or(0)).sum())
+        let mut retransmits = 0;
+        for w in writers {
+            retransmits += w.join().map_err(|_| "writer panicked")??;
+        }
+        Ok(retransmits)
     });
     let retransmits = join(client)?;
     let (bytes, corrupt_bytes, seconds) = join(server)?;
@@ -139,4 +151,27 @@ pub fn bulk(
         retransmits,
         corrupt_bytes,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A stream that stopped after 1 s of a 5 s run is divided by the 5 s it was
+    /// given, not the 1 s it ran; one that drained past the end keeps its own span.
+    #[test]
+    fn a_transfer_is_divided_by_at_least_the_run() {
+        let t0 = Instant::now();
+        let run = Duration::from_secs(5);
+        let secs = |a: u64, b: u64| {
+            transfer_secs(
+                Some(t0 + Duration::from_millis(a)),
+                Some(t0 + Duration::from_millis(b)),
+                run,
+            )
+        };
+        assert_eq!(secs(0, 1000), 5.0);
+        assert_eq!(secs(0, 5200), 5.2);
+        assert_eq!(transfer_secs(None, None, run), 5.0);
+    }
 }

@@ -33,6 +33,19 @@ pub struct UdpResult {
     pub goodput_bps: f64,
 }
 
+impl UdpResult {
+    /// Bytes delivered once: the datagrams, times their size (the goodput over the
+    /// delivery rate, which share one window). Not the goodput times the run's wall
+    /// time, which includes the receiver's grace period.
+    pub fn delivered_bytes(&self) -> u64 {
+        if self.delivered_pps > 0.0 {
+            (self.received as f64 * self.goodput_bps / 8.0 / self.delivered_pps).round() as u64
+        } else {
+            0
+        }
+    }
+}
+
 /// Writes the sequence number and the content pattern that goes with it.
 pub fn fill(buf: &mut [u8], seq: u64) {
     buf[..8].copy_from_slice(&seq.to_le_bytes());
@@ -231,7 +244,19 @@ pub fn stream(
 
 #[cfg(test)]
 mod tests {
-    use super::{check, fill, SeqTracker};
+    use super::{check, fill, SeqTracker, UdpResult};
+
+    #[test]
+    fn delivered_bytes_are_the_datagrams_times_their_size() {
+        let u = UdpResult {
+            received: 1000,
+            delivered_pps: 200.0,
+            goodput_bps: 200.0 * 1380.0 * 8.0,
+            ..UdpResult::default()
+        };
+        assert_eq!(u.delivered_bytes(), 1_380_000);
+        assert_eq!(UdpResult::default().delivered_bytes(), 0);
+    }
 
     #[test]
     fn content_pattern_catches_any_changed_byte() {
