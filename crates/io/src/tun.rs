@@ -98,9 +98,14 @@ impl Tun {
     }
 
     fn create_queue(name: &str, offloads: bool, multi: bool) -> io::Result<Tun> {
+        // An existing persistent device keeps what its last owner set: the vnet header's
+        // size and the offloads (the kernel resets neither on attach). Both are set here
+        // every time, or reads and writes misalign, or super-packets arrive without the
+        // header that describes them.
         if offloads {
             match Self::open(name, true, multi) {
                 Ok(mut t) => {
+                    t.set_vnet_hdr_len()?;
                     let tso = libc::TUN_F_CSUM | libc::TUN_F_TSO4 | libc::TUN_F_TSO6;
                     // Kernels before 6.2 refuse the USO flags: TSO alone then.
                     for (flags, uso) in [(tso | TUN_F_USO, true), (tso, false)] {
@@ -119,8 +124,15 @@ impl Tun {
             }
         }
         let t = Self::open(name, false, multi)?;
+        t.set_offload(0)?;
         t.set_mtu(DEFAULT_MTU)?;
         Ok(t)
+    }
+
+    fn set_vnet_hdr_len(&self) -> io::Result<()> {
+        let len = crate::offload::VNET_HDR_LEN as libc::c_int;
+        // SAFETY: TUNSETVNETHDRSZ reads one int through the pointer.
+        cvt(unsafe { libc::ioctl(self.fd.as_raw_fd(), libc::TUNSETVNETHDRSZ as _, &len) }).map(drop)
     }
 
     fn set_offload(&self, flags: libc::c_uint) -> io::Result<()> {

@@ -140,6 +140,79 @@ fn roundtrip_with_vnet_header() {
     std::thread::spawn(|| roundtrip(true)).join().unwrap();
 }
 
+/// A persistent device left with a 12-byte vnet header and TSO by another program:
+/// attached to, it gets the 10-byte header it is read with, and the plain fallback
+/// clears the offloads (the kernel keeps both across owners).
+fn persistent_device_is_reset() {
+    // SAFETY: moves only this thread into a new network namespace.
+    assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWNET) }, 0, "unshare");
+    let ioctl = |fd: i32, op: libc::c_ulong, arg: libc::c_ulong| {
+        // SAFETY: each call below passes what its ioctl expects (a value or a pointer).
+        assert_eq!(unsafe { libc::ioctl(fd, op as _, arg) }, 0, "ioctl {op:#x}");
+    };
+    {
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/dev/net/tun")
+            .unwrap();
+        // SAFETY: ifreq is plain data.
+        let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+        for (d, s) in req.ifr_name.iter_mut().zip(b"wltest0") {
+            *d = *s as libc::c_char;
+        }
+        req.ifr_ifru.ifru_flags = (libc::IFF_TUN | libc::IFF_NO_PI | libc::IFF_VNET_HDR) as _;
+        let fd = f.as_raw_fd();
+        ioctl(
+            fd,
+            libc::TUNSETIFF as _,
+            &mut req as *mut _ as libc::c_ulong,
+        );
+        let twelve: libc::c_int = 12;
+        ioctl(
+            fd,
+            libc::TUNSETVNETHDRSZ as _,
+            &twelve as *const _ as libc::c_ulong,
+        );
+        ioctl(
+            fd,
+            libc::TUNSETOFFLOAD as _,
+            (libc::TUN_F_CSUM | libc::TUN_F_TSO4) as _,
+        );
+        ioctl(fd, libc::TUNSETPERSIST as _, 1);
+    }
+    let hdr_len = |tun: &Tun| {
+        let mut len: libc::c_int = 0;
+        ioctl(
+            tun.fd(),
+            libc::TUNGETVNETHDRSZ as _,
+            &mut len as *mut _ as libc::c_ulong,
+        );
+        len as usize
+    };
+    let tun = Tun::create("wltest0", true, 1).expect("attached");
+    assert!(tun.has_vnet_hdr());
+    assert_eq!(hdr_len(&tun), VNET_HDR_LEN);
+    ip_here("addr add 10.9.0.1/24 dev wltest0");
+    ip_here("link set wltest0 up");
+    let sock = UdpSocket::bind(SocketAddrV4::new(ME, 0)).unwrap();
+    sock.send_to(b"aligned", SocketAddrV4::new(OTHER, 9999))
+        .unwrap();
+    let pkt = read_udp_packet(&tun);
+    assert_eq!(&pkt[VNET_HDR_LEN + 28..], b"aligned");
+    drop(tun);
+    let tun = Tun::create("wltest0", false, 1).expect("attached without offloads");
+    assert!(!tun.has_vnet_hdr());
+    ioctl(tun.fd(), libc::TUNSETPERSIST as _, 0);
+}
+
+#[test]
+fn a_persistent_device_left_otherwise_is_reset() {
+    std::thread::spawn(persistent_device_is_reset)
+        .join()
+        .unwrap();
+}
+
 #[test]
 fn roundtrip_plain() {
     std::thread::spawn(|| roundtrip(false)).join().unwrap();
