@@ -63,17 +63,39 @@ pub fn spawn_background(args: &[String], keep_stderr: bool) -> io::Result<i32> {
     Ok(1)
 }
 
+/// Whether `fd` is an open pipe (FIFO) and not a standard stream.
+fn is_pipe(fd: RawFd) -> bool {
+    if fd <= 2 {
+        return false;
+    }
+    // SAFETY: fstat writes into the zeroed stat it is given; an invalid fd fails.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    (unsafe { libc::fstat(fd, &mut st) }) == 0 && st.st_mode & libc::S_IFMT == libc::S_IFIFO
+}
+
 /// The child's side of the readiness pipe, if it was started by [`spawn_background`].
 pub struct Readiness(Option<std::fs::File>);
 
 impl Readiness {
+    /// The pipe named by the environment, if it names one. Anything else there (a
+    /// closed descriptor, a file, a standard stream) is ignored with a warning: taken
+    /// as ours, a number later reused would have been written to and closed under its
+    /// real owner.
     pub fn from_env() -> Readiness {
-        let fd = std::env::var(READY_FD_ENV)
-            .ok()
-            .and_then(|v| v.parse::<RawFd>().ok());
+        let named = std::env::var(READY_FD_ENV).ok();
         std::env::remove_var(READY_FD_ENV);
-        // SAFETY: the parent placed the pipe's write end at this descriptor for us.
-        Readiness(fd.map(|fd| unsafe { std::fs::File::from_raw_fd(fd) }))
+        let Some(named) = named else {
+            return Readiness(None);
+        };
+        match named.parse::<RawFd>().ok().filter(|&fd| is_pipe(fd)) {
+            // SAFETY: an open pipe past the standard streams, which the parent placed
+            // there for us (nothing else in this process has opened it yet).
+            Some(fd) => Readiness(Some(unsafe { std::fs::File::from_raw_fd(fd) })),
+            None => {
+                eprintln!("wirelane: ignoring {READY_FD_ENV}={named:?}: not an open pipe");
+                Readiness(None)
+            }
+        }
     }
 
     pub fn ready(&mut self) {
@@ -86,5 +108,26 @@ impl Readiness {
         if let Some(mut f) = self.0.take() {
             let _ = writeln!(f, "error: {why}");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsRawFd;
+
+    #[test]
+    fn only_an_open_pipe_is_taken_as_the_readiness_pipe() {
+        let file = std::fs::File::open("/proc/self/stat").unwrap();
+        assert!(!is_pipe(file.as_raw_fd()), "a regular file");
+        assert!(!is_pipe(1), "a standard stream");
+        assert!(!is_pipe(999_999), "a descriptor not open");
+        let mut fds = [0; 2];
+        // SAFETY: pipe2 fills the two descriptors; wrapped at once.
+        assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+        // SAFETY: both were just created and are ours.
+        let (r, w) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        assert!(is_pipe(w.as_raw_fd()));
+        drop((r, w));
     }
 }
