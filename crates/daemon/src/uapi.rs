@@ -81,6 +81,35 @@ fn parse_num<T: std::str::FromStr>(field: &str, v: &str) -> Result<T, UapiError>
 
 /// Parses the body of a `set=1` request (the lines after `set=1`, without the blank
 /// terminator) into one validated update.
+/// `IP:port` or `[IPv6]:port`, where a link-local IPv6 address may name its scope by
+/// number or by interface: `wg` prints (and so `wg showconf` writes) the interface's
+/// name, as `getnameinfo` gives it, so `[fe80::1%eth0]:51820` must be taken back.
+fn parse_endpoint(v: &str) -> Result<SocketAddr, String> {
+    if let Ok(ep) = v.parse() {
+        return Ok(ep);
+    }
+    let not_an_endpoint = || format!("'{v}' is not IP:port or [IPv6]:port");
+    let (host, port) = v
+        .strip_prefix('[')
+        .and_then(|rest| rest.split_once("]:"))
+        .ok_or_else(not_an_endpoint)?;
+    let (addr, zone) = host.split_once('%').ok_or_else(not_an_endpoint)?;
+    let addr: std::net::Ipv6Addr = addr.parse().map_err(|_| not_an_endpoint())?;
+    let port: u16 = port.parse().map_err(|_| not_an_endpoint())?;
+    let scope = match zone.parse::<u32>() {
+        Ok(n) => n,
+        Err(_) => {
+            let name = std::ffi::CString::new(zone).map_err(|_| not_an_endpoint())?;
+            // SAFETY: name is a NUL-terminated string that outlives the call.
+            match unsafe { libc::if_nametoindex(name.as_ptr()) } {
+                0 => return Err(format!("'{v}': no interface named '{zone}'")),
+                i => i,
+            }
+        }
+    };
+    Ok(std::net::SocketAddrV6::new(addr, port, 0, scope).into())
+}
+
 pub fn parse_set<'a>(lines: impl IntoIterator<Item = &'a str>) -> Result<DeviceUpdate, UapiError> {
     let mut up = DeviceUpdate::default();
     let mut peer: Option<PeerUpdate> = None;
@@ -106,9 +135,7 @@ pub fn parse_set<'a>(lines: impl IntoIterator<Item = &'a str>) -> Result<DeviceU
             "update_only" => p.update_only = parse_true(k, v)?,
             "preshared_key" => p.preshared_key = Some(parse_key(k, v)?),
             "endpoint" => {
-                let ep: SocketAddr = v.parse().map_err(|_| {
-                    invalid(format!("endpoint: '{v}' is not IP:port or [IPv6]:port"))
-                })?;
+                let ep = parse_endpoint(v).map_err(|e| invalid(format!("endpoint: {e}")))?;
                 if ep.port() == 0 || ep.ip().is_unspecified() {
                     return Err(invalid(format!("endpoint: '{v}' is not a usable address")));
                 }
@@ -362,6 +389,33 @@ mod tests {
         assert_eq!(p.allowed_ips[0], ("10.0.0.0/24".parse().unwrap(), true));
         assert_eq!(p.allowed_ips[1], ("10.9.0.0/16".parse().unwrap(), false));
         assert!(up.peers[1].remove);
+    }
+
+    /// A link-local endpoint's scope, by number or by interface name (as `wg showconf`
+    /// writes it).
+    #[test]
+    fn endpoint_scopes_by_number_and_by_name() {
+        let scope = |v: &str| match parse_endpoint(v) {
+            Ok(SocketAddr::V6(a)) => Ok(a.scope_id()),
+            Ok(a) => panic!("{a}"),
+            Err(e) => Err(e),
+        };
+        // SAFETY: a NUL-terminated literal.
+        let lo = unsafe { libc::if_nametoindex(c"lo".as_ptr()) };
+        assert_ne!(lo, 0);
+        assert_eq!(scope("[fe80::1%lo]:51820"), Ok(lo));
+        assert_eq!(scope("[fe80::1%7]:51820"), Ok(7));
+        assert_eq!(scope("[fe80::1]:51820"), Ok(0));
+        let e = scope("[fe80::1%nosuchif0]:51820").unwrap_err();
+        assert!(e.contains("no interface named 'nosuchif0'"), "{e}");
+        for bad in [
+            "[fe80::1%lo]",
+            "fe80::1%lo:1",
+            "[10.0.0.1%lo]:1",
+            "[fe80::1%lo]:x",
+        ] {
+            assert!(parse_endpoint(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

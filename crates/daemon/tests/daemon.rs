@@ -410,7 +410,8 @@ fn sixty_five_thousand_peers_setconf() {
 }
 
 /// Applies setconf, a no-op syncconf and a changing syncconf to `d`, returning
-/// `wg showconf` after each step.
+/// `wg showconf` after each step. One endpoint is link-local, scoped by interface name
+/// as `wg showconf` writes it back.
 fn config_roundtrips(d: &Daemon, keys: &[Keys; 3], psk: &str) -> Vec<String> {
     let [me, p1, p2] = keys;
     let dir = std::env::temp_dir();
@@ -422,7 +423,7 @@ fn config_roundtrips(d: &Daemon, keys: &[Keys; 3], psk: &str) -> Vec<String> {
             "[Interface]\nPrivateKey = {}\nListenPort = 51844\nFwMark = 0x2a\n\n\
              [Peer]\nPublicKey = {}\nPresharedKey = {psk}\nEndpoint = [fd00::9]:4000\n\
              PersistentKeepalive = 25\nAllowedIPs = 10.5.0.0/16, fd05::/64\n\n\
-             [Peer]\nPublicKey = {}\nEndpoint = 192.0.2.7:5000\nAllowedIPs = 10.6.0.1/32\n",
+             [Peer]\nPublicKey = {}\nEndpoint = [fe80::7%lo]:5000\nAllowedIPs = 10.6.0.1/32\n",
             me.private, p1.public, p2.public
         ),
     )
@@ -479,7 +480,7 @@ fn showconf_syncconf_and_every_setting_match_wireguard_go() {
         "Endpoint = [fd00::9]:4000",
         "PersistentKeepalive = 25",
         "AllowedIPs = 10.5.0.0/16, fd05::/64",
-        "Endpoint = 192.0.2.7:5000",
+        "Endpoint = [fe80::7%lo]:5000",
     ] {
         assert!(
             shown[0].contains(needle),
