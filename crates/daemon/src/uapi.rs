@@ -254,6 +254,25 @@ fn apply_errno(e: &ApplyError) -> i32 {
     }
 }
 
+/// Answers a request that cannot be read on, before the connection closes; returns
+/// the error for the log. EMSGSIZE for a line or a request past its bound, EINVAL for
+/// one that is not UTF-8; a failed read gets no answer.
+fn refuse_unreadable(writer: &mut impl Write, e: io::Error) -> io::Error {
+    let errno = match e.kind() {
+        io::ErrorKind::FileTooLarge => libc::EMSGSIZE,
+        io::ErrorKind::InvalidData => libc::EINVAL,
+        _ => return e,
+    };
+    let _ = refuse(writer, errno);
+    e
+}
+
+/// Answers the request in hand with `errno`, applying nothing.
+fn refuse(writer: &mut impl Write, errno: i32) -> io::Result<()> {
+    writeln!(writer, "errno=-{errno}\n")?;
+    writer.flush()
+}
+
 /// Reads one line (without the newline); `None` at end of stream.
 fn read_line(r: &mut impl BufRead, buf: &mut Vec<u8>) -> io::Result<Option<String>> {
     buf.clear();
@@ -262,8 +281,9 @@ fn read_line(r: &mut impl BufRead, buf: &mut Vec<u8>) -> io::Result<Option<Strin
         return Ok(None);
     }
     if buf.last() != Some(&b'\n') {
+        // At MAX_LINE bytes, or at the end of the stream.
         return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
+            io::ErrorKind::FileTooLarge,
             "UAPI line too long or unterminated",
         ));
     }
@@ -278,7 +298,12 @@ pub fn serve_connection(stream: UnixStream, dev: &Arc<Interface>, rt: &Runtime) 
     let mut reader = BufReader::new(Timed::new(stream.try_clone()?, REQUEST_LIMIT, IO_WAIT));
     let mut writer = io::BufWriter::new(Timed::new(stream, REQUEST_LIMIT, IO_WAIT));
     let mut buf = Vec::new();
-    while let Some(op) = read_line(&mut reader, &mut buf)? {
+    loop {
+        let op = match read_line(&mut reader, &mut buf) {
+            Ok(Some(op)) => op,
+            Ok(None) => return Ok(()),
+            Err(e) => return Err(refuse_unreadable(&mut writer, e)),
+        };
         if dev.stopping() {
             return Ok(()); // The tunnel was removed while this connection waited.
         }
@@ -287,9 +312,7 @@ pub fn serve_connection(stream: UnixStream, dev: &Arc<Interface>, rt: &Runtime) 
             "get=1" => {
                 // The request ends with a blank line; anything else is a protocol error.
                 if read_line(&mut reader, &mut buf)?.as_deref() != Some("") {
-                    writeln!(writer, "errno=-{}\n", libc::EPROTO)?;
-                    writer.flush()?;
-                    return Ok(());
+                    return refuse(&mut writer, libc::EPROTO);
                 }
                 writer.write_all(format_get(&dev.snapshot()).as_bytes())?;
                 writer.write_all(b"errno=0\n\n")?;
@@ -297,9 +320,7 @@ pub fn serve_connection(stream: UnixStream, dev: &Arc<Interface>, rt: &Runtime) 
             "stats=1" => {
                 // wirelane's own operation (wg never sends it): interface counters.
                 if read_line(&mut reader, &mut buf)?.as_deref() != Some("") {
-                    writeln!(writer, "errno=-{}\n", libc::EPROTO)?;
-                    writer.flush()?;
-                    return Ok(());
+                    return refuse(&mut writer, libc::EPROTO);
                 }
                 writer.write_all(format_stats(dev, rt).as_bytes())?;
                 writer.write_all(b"errno=0\n\n")?;
@@ -308,19 +329,23 @@ pub fn serve_connection(stream: UnixStream, dev: &Arc<Interface>, rt: &Runtime) 
                 let mut lines = Vec::new();
                 let mut held = 0;
                 loop {
-                    match read_line(&mut reader, &mut buf)? {
-                        None => return Ok(()), // Client gave up mid-request: apply nothing.
-                        Some(l) if l.is_empty() => break,
-                        Some(l) => {
+                    match read_line(&mut reader, &mut buf) {
+                        // The stream ended inside the request: nothing is applied, and
+                        // a client that only shut down its side learns so.
+                        Ok(None) => return refuse(&mut writer, libc::EPROTO),
+                        Ok(Some(l)) if l.is_empty() => break,
+                        Ok(Some(l)) => {
                             held += l.len() + LINE_OVERHEAD;
                             if lines.len() >= MAX_LINES || held > MAX_SET_BYTES {
-                                return Err(io::Error::new(
-                                    io::ErrorKind::InvalidData,
+                                let e = io::Error::new(
+                                    io::ErrorKind::FileTooLarge,
                                     "UAPI request too large",
-                                ));
+                                );
+                                return Err(refuse_unreadable(&mut writer, e));
                             }
                             lines.push(l);
                         }
+                        Err(e) => return Err(refuse_unreadable(&mut writer, e)),
                     }
                 }
                 let errno = match parse_set(lines.iter().map(String::as_str)) {
@@ -344,18 +369,16 @@ pub fn serve_connection(stream: UnixStream, dev: &Arc<Interface>, rt: &Runtime) 
             }
             "" => continue,
             other => {
-                // Unknown operation: answer once and hang up, like wireguard-go.
+                // Unknown operation: answered once, then the connection is closed (its
+                // request's end cannot be known).
                 tracing::warn!(operation = other, "unknown UAPI operation");
-                writeln!(writer, "errno=-{}\n", libc::EINVAL)?;
-                writer.flush()?;
-                return Ok(());
+                return refuse(&mut writer, libc::EINVAL);
             }
         }
         writer.flush()?;
         // The next request has the limit to arrive in, from now.
         reader.get_mut().restart();
     }
-    Ok(())
 }
 
 #[cfg(test)]

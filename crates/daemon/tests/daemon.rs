@@ -208,12 +208,16 @@ fn bad_uapi_input_changes_nothing() {
     assert_eq!(uapi(&d.ifname, "frobnicate=1\n\n"), "errno=-22\n");
     let long = format!("set=1\nprivate_key={}\n\n", "0".repeat(100_000));
     if let Ok(mut s) = UnixStream::connect(socket_path(&d.ifname)) {
-        // The daemon hangs up on the over-long line; our write may see a reset.
+        // The daemon answers the over-long line EMSGSIZE and hangs up; our write may
+        // see a reset.
         let _ = s.write_all(long.as_bytes());
+        let mut reply = String::new();
+        let _ = s.read_to_string(&mut reply);
+        assert_eq!(reply, "errno=-90\n\n");
     }
     // A set larger than the daemon holds while it reads (64 MiB) is cut off before it
     // ends, whatever its lines: 17,000 lines of 4,000 bytes. Read whole, it would be
-    // answered errno=-22 for its unknown key; cut off, it gets no answer.
+    // answered errno=-22 for its unknown key; cut off, it is answered EMSGSIZE.
     {
         let mut s = UnixStream::connect(socket_path(&d.ifname)).unwrap();
         let line = format!("x={}\n", "a".repeat(4000));
@@ -223,10 +227,19 @@ fn bad_uapi_input_changes_nothing() {
             .all(|l| s.write_all(l.as_bytes()).is_ok());
         let mut reply = String::new();
         let _ = s.read_to_string(&mut reply);
-        assert!(reply.is_empty(), "answered {reply:?} (all sent: {sent})");
+        assert_eq!(reply, "errno=-90\n\n", "all sent: {sent}");
     }
     assert_eq!(uapi(&d.ifname, "get=1\n\n"), before);
-    // A client that disconnects mid-request applies nothing.
+    // A client that ends its side mid-request is told EPROTO, and nothing is applied;
+    // one that disconnects, likewise.
+    {
+        let mut s = UnixStream::connect(socket_path(&d.ifname)).unwrap();
+        s.write_all(b"set=1\nreplace_peers=true\n").unwrap();
+        s.shutdown(std::net::Shutdown::Write).unwrap();
+        let mut reply = String::new();
+        s.read_to_string(&mut reply).unwrap();
+        assert_eq!(reply, "errno=-71\n\n");
+    }
     {
         let mut s = UnixStream::connect(socket_path(&d.ifname)).unwrap();
         s.write_all(b"set=1\nreplace_peers=true\n").unwrap();
