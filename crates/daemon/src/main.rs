@@ -12,7 +12,7 @@ use std::time::Duration;
 use wirelane_daemon::http::{MetricsServer, Render};
 use wirelane_daemon::pool::{self, Control, Request, POOL_ENV};
 use wirelane_daemon::supervisor::{
-    open_tunnel, peer_limit, Stop, Supervisor, Tunnel, TunnelOptions,
+    allowed_ip_limit, open_tunnel, peer_limit, Stop, Supervisor, Tunnel, TunnelOptions,
 };
 use wirelane_daemon::{daemonize, metrics, parse_ifname, privileges};
 use wirelane_dataplane::codel::CodelParams;
@@ -87,6 +87,12 @@ struct Cli {
     /// at most 1,048,576, the kernel's bound).
     #[arg(long, value_name = "N")]
     max_peers: Option<usize>,
+
+    /// AllowedIPs prefixes each interface may hold, over all its peers; a configuration
+    /// that could exceed it is refused whole (default: what a quarter of the memory
+    /// the process may use holds at 512 bytes a prefix, at most 67,108,864).
+    #[arg(long, value_name = "N")]
+    max_allowed_ips: Option<usize>,
 
     /// Do not ask the TUN for checksum and segmentation offloads (IFF_VNET_HDR).
     #[arg(long)]
@@ -375,6 +381,7 @@ fn run(cli: &Cli, readiness: &mut daemonize::Readiness) -> Result<(), String> {
             codel: CodelParams::new(cli.codel_target, cli.codel_interval),
         },
         max_peers: peer_limit(cli.max_peers),
+        max_allowed_ips: allowed_ip_limit(cli.max_allowed_ips),
     };
     // Bound before any interface exists: a taken port fails the start before it
     // creates anything, and once an interface's UAPI socket is there, the metrics

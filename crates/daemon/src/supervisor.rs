@@ -25,7 +25,7 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use wirelane_dataplane::fq_codel::QueuePolicy;
-use wirelane_dataplane::interface::MAX_PEERS_PER_INTERFACE;
+use wirelane_dataplane::interface::{MAX_ALLOWED_IPS_PER_INTERFACE, MAX_PEERS_PER_INTERFACE};
 use wirelane_dataplane::{Interface, Runtime, Sockets};
 use wirelane_io::poll::Waker;
 use wirelane_io::tun::Tun;
@@ -47,6 +47,8 @@ pub struct TunnelOptions {
     pub queue: QueuePolicy,
     /// Peers each interface may hold (`peer_limit`).
     pub max_peers: usize,
+    /// AllowedIPs prefixes each interface may hold (`allowed_ip_limit`).
+    pub max_allowed_ips: usize,
 }
 
 /// What one peer may cost, at most, for the default peer limit: its state, sessions,
@@ -79,6 +81,22 @@ pub fn peer_limit(asked: Option<usize>) -> usize {
     limit.min(MAX_PEERS_PER_INTERFACE)
 }
 
+/// What one AllowedIPs prefix may cost, at most, for the default limit: measured
+/// 100–270 bytes (trie node, the owner's list and its position index).
+const PREFIX_BYTES: u64 = 512;
+
+/// AllowedIPs prefixes each interface may hold: `asked`, or what a quarter of the
+/// memory the process may use holds at [`PREFIX_BYTES`] a prefix (the peers' half
+/// counts their state at four times its measured cost), at most the hard bound.
+pub fn allowed_ip_limit(asked: Option<usize>) -> usize {
+    let limit = match (asked, wirelane_io::memory::memory_limit()) {
+        (Some(n), _) => n,
+        (None, Ok(m)) => (m.bytes / 4 / PREFIX_BYTES) as usize,
+        (None, Err(_)) => MAX_ALLOWED_IPS_PER_INTERFACE,
+    };
+    limit.min(MAX_ALLOWED_IPS_PER_INTERFACE)
+}
+
 /// Creates the interface, sockets and UAPI socket of tunnel `ifname`, refusing a name
 /// another process serves. Runs before the runtime exists for the tunnels named at
 /// start (while privileges allow what only set-up needs), and on a pool's requests.
@@ -91,6 +109,7 @@ pub fn open_tunnel(ifname: &str, opts: TunnelOptions) -> Result<Tunnel, String> 
     let iface = Interface::new(Box::new(tun), sockets, opts.queue)
         .map_err(|e| format!("{ifname}: cannot create the interface: {e}"))?;
     iface.set_max_peers(opts.max_peers);
+    iface.set_max_allowed_ips(opts.max_allowed_ips);
     let uapi = UapiListener::bind(ifname)
         .map_err(|e| format!("{ifname}: cannot create UAPI socket: {e}"))?;
     Ok(Tunnel {

@@ -250,7 +250,7 @@ fn apply_errno(e: &ApplyError) -> i32 {
         ApplyError::Bind { .. } | ApplyError::Fwmark { .. } => libc::EADDRINUSE,
         // As the kernel answers a peer past its bound: `wg` prints "Cannot allocate
         // memory"; the log says which limit.
-        ApplyError::TooManyPeers { .. } => libc::ENOMEM,
+        ApplyError::TooManyPeers { .. } | ApplyError::TooManyAllowedIps { .. } => libc::ENOMEM,
     }
 }
 

@@ -71,6 +71,46 @@ fn a_configuration_past_the_peer_limit_is_refused_whole() {
     assert_eq!(d.dump_peers().len(), 100);
 }
 
+/// `--max-allowed-ips 10`: a peer with 8 loads; another with 3 is refused with the
+/// peer limit's errno and changes nothing; replacing the first one's 8 with 10 loads
+/// (its own 8 no longer count); removing a peer makes room.
+#[test]
+fn a_configuration_past_the_allowed_ip_limit_is_refused_whole() {
+    require_root();
+    let ns = Netns::fresh();
+    let d = start_wirelane(WIRELANE, &ns, &[unique("lw")], &["--max-allowed-ips", "10"])
+        .unwrap_or_else(|e| panic!("{e}"))
+        .remove(0);
+    let (a, b) = (genkeys().public, genkeys().public);
+    let ips = |n: usize, third: u8| {
+        (0..n)
+            .map(|i| format!("10.{third}.{i}.0/24"))
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    d.wg(&format!("set IF peer {a} allowed-ips {}", ips(8, 1)));
+    let before = d.wg("show IF dump");
+    let err = wg(
+        &d,
+        &["set", &d.ifname, "peer", &b, "allowed-ips", &ips(3, 2)],
+    )
+    .unwrap_err();
+    assert!(err.contains("Cannot allocate memory"), "{err}");
+    assert_eq!(
+        d.wg("show IF dump"),
+        before,
+        "a refused update changes nothing"
+    );
+    d.wg(&format!("set IF peer {a} allowed-ips {}", ips(10, 3)));
+    assert_eq!(d.dump_peers()[0].allowed_ips.split(',').count(), 10);
+    d.wg(&format!(
+        "set IF peer {a} remove peer {b} allowed-ips {}",
+        ips(3, 2)
+    ));
+    let peers = d.dump_peers();
+    assert_eq!((peers.len(), peers[0].public_key.as_str()), (1, b.as_str()));
+}
+
 /// Peers take no descriptors (one set of sockets serves them all): with the daemon's
 /// descriptor limit lowered to 64, 5,000 peers load and every one is listed, where an
 /// implementation with a socket per peer fails past its limit.

@@ -12,7 +12,7 @@ use crate::peer::Peer;
 use crate::sockets::Sockets;
 use crate::stages::nonce::step;
 use crate::stages::StageCtx;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -65,6 +65,8 @@ pub enum ApplyError {
     Fwmark { mark: u32, source: std::io::Error },
     #[error("the update would leave {wanted} peers, more than this interface's limit of {limit} (--max-peers); nothing was changed")]
     TooManyPeers { wanted: usize, limit: usize },
+    #[error("the update could leave {wanted} allowed IPs, more than this interface's limit of {limit} (--max-allowed-ips); nothing was changed")]
+    TooManyAllowedIps { wanted: usize, limit: usize },
 }
 
 /// How many peers `table` holds once `update` is applied (the rules of step 2 below);
@@ -91,6 +93,36 @@ fn peers_after(table: &PeerTable, update: &DeviceUpdate) -> usize {
         }
     }
     count
+}
+
+/// At most how many AllowedIPs prefixes `table` holds once `update` is applied: those
+/// it keeps (all but a replaced table's, a removed peer's or one whose prefixes are
+/// replaced) and every prefix the update adds, as if each were new. An upper bound:
+/// a prefix added twice, or moved between peers, counts twice.
+fn allowed_ips_bound(table: &PeerTable, update: &DeviceUpdate) -> usize {
+    if update.replace_peers {
+        return update.peers.iter().map(added_prefixes).sum();
+    }
+    let mut count = table.allowed.len();
+    let mut cleared: HashSet<u32> = HashSet::new();
+    for pu in &update.peers {
+        if pu.remove || pu.replace_allowed_ips {
+            if let Some(p) = table.by_key.get(&pu.public_key) {
+                if cleared.insert(p.id) {
+                    count -= table.allowed.owned_by(p.id).len();
+                }
+            }
+        }
+        count += added_prefixes(pu);
+    }
+    count
+}
+
+fn added_prefixes(pu: &PeerUpdate) -> usize {
+    if pu.remove {
+        return 0;
+    }
+    pu.allowed_ips.iter().filter(|(_, add)| *add).count()
 }
 
 /// What `get` reports about one peer.
@@ -125,13 +157,27 @@ impl Interface {
         let _serial = self.apply_lock.lock().unwrap_or_else(|p| p.into_inner());
         // Step 1, the fallible ones. The peer limit: a table that would outgrow it
         // (the memory the daemon may use, or the kernel's bound) is refused whole.
-        let (wanted, held) = {
+        // The same for AllowedIPs prefixes, which cost memory too (about 100–270 bytes
+        // each here).
+        let (wanted, held, wanted_ips, held_ips) = {
             let table = self.table();
-            (peers_after(&table, update), table.by_key.len())
+            (
+                peers_after(&table, update),
+                table.by_key.len(),
+                allowed_ips_bound(&table, update),
+                table.allowed.len(),
+            )
         };
         let limit = self.max_peers();
         if wanted > limit && wanted > held {
             return Err(ApplyError::TooManyPeers { wanted, limit });
+        }
+        let limit = self.max_allowed_ips();
+        if wanted_ips > limit && wanted_ips > held_ips {
+            return Err(ApplyError::TooManyAllowedIps {
+                wanted: wanted_ips,
+                limit,
+            });
         }
         // New sockets if the port changes. Port 0 keeps an
         // existing binding (wg setconf sends listen_port=0 when a file names none).

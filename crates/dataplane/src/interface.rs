@@ -78,6 +78,9 @@ impl PeerTable {
 
 /// Peers one interface holds at most, whatever the memory: the kernel's bound.
 pub const MAX_PEERS_PER_INTERFACE: usize = 1 << 20;
+/// AllowedIPs prefixes one interface holds at most, whatever the memory: 64 per peer
+/// at the peer bound.
+pub const MAX_ALLOWED_IPS_PER_INTERFACE: usize = 1 << 26;
 
 pub struct Interface {
     /// Unique among the runtime's interfaces, for as long as the process runs.
@@ -90,6 +93,8 @@ pub struct Interface {
     /// Peers the table may hold (`set_max_peers`); an update that would exceed it is
     /// refused whole.
     max_peers: AtomicUsize,
+    /// AllowedIPs prefixes the table may hold (`set_max_allowed_ips`), likewise.
+    max_allowed_ips: AtomicUsize,
     /// Held through each configuration update, so that the peer count an update is
     /// checked against cannot change before it is applied.
     pub(crate) apply_lock: Mutex<()>,
@@ -200,6 +205,7 @@ impl Interface {
             sockets: ArcSwap::from_pointee(sockets),
             budgets: Budgets::default(),
             max_peers: AtomicUsize::new(MAX_PEERS_PER_INTERFACE),
+            max_allowed_ips: AtomicUsize::new(MAX_ALLOWED_IPS_PER_INTERFACE),
             apply_lock: Mutex::new(()),
             gate: Mutex::new(None),
             handshake_tx,
@@ -283,6 +289,17 @@ impl Interface {
 
     pub fn max_peers(&self) -> usize {
         self.max_peers.load(Ordering::Relaxed)
+    }
+
+    /// Sets how many AllowedIPs prefixes the table may hold, at most
+    /// [`MAX_ALLOWED_IPS_PER_INTERFACE`], as [`Self::set_max_peers`] does for peers.
+    pub fn set_max_allowed_ips(&self, n: usize) {
+        self.max_allowed_ips
+            .store(n.min(MAX_ALLOWED_IPS_PER_INTERFACE), Ordering::Relaxed);
+    }
+
+    pub fn max_allowed_ips(&self) -> usize {
+        self.max_allowed_ips.load(Ordering::Relaxed)
     }
 
     pub(crate) fn table_mut(&self) -> RwLockWriteGuard<'_, PeerTable> {
