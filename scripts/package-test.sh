@@ -12,7 +12,7 @@ echo "package: $deb"
 dpkg-deb -c "$deb"
 
 root=$(mktemp -d /tmp/wirelane-pkg.XXXXXX)
-trap 'rm -rf "$root"' EXIT
+trap 'rm -rf "$root" "${units:-}"' EXIT
 mkdir -p "$root/var/lib/dpkg/info" "$root/var/lib/dpkg/updates"
 touch "$root/var/lib/dpkg/status"
 fail() { echo "package test: $*" >&2; exit 1; }
@@ -26,7 +26,9 @@ done
 # above, not by this dpkg.
 # Minimal images exclude documentation from installs (dpkg path-exclude); the man
 # page is part of what is checked, so it is included whatever the host says.
-dpkg --root="$root" --log=/dev/null --force-depends \
+# The scratch root has no shell to run the maintainer scripts in: they run outside it,
+# told the root (DPKG_ROOT), which they leave alone.
+dpkg --root="$root" --log=/dev/null --force-depends --force-script-chrootless \
     --path-include='/usr/share/man/*' --path-include='/usr/share/doc/wirelane/*' -i "$deb"
 files=$(dpkg --root="$root" -L wirelane)
 
@@ -40,8 +42,19 @@ bash -n "$root/usr/share/bash-completion/completions/wirelane"
 grep -q -- '--metrics' "$root/usr/share/bash-completion/completions/wirelane"
 # The unit's Documentation= pages are in the scratch root, where man cannot see them.
 systemd-analyze verify --man=no "$root/lib/systemd/system/wirelane@.service"
+# The pool unit runs wirelane itself, which is installed in the scratch root only: it
+# is checked as a copy that names that binary.
+units=$(mktemp -d /tmp/wirelane-units.XXXXXX)
+sed "s#/usr/bin/wirelane#$root/usr/bin/wirelane#" \
+    "$root/lib/systemd/system/wirelane-pool@.service" >"$units/wirelane-pool@.service"
+systemd-analyze verify --man=no "$units/wirelane-pool@.service"
 
-dpkg --root="$root" --log=/dev/null -r wirelane
+for script in postinst postrm; do
+    sh -n "$root/var/lib/dpkg/info/wirelane.$script" || fail "$script does not parse"
+done
+zcat "$root/usr/share/doc/wirelane/changelog.gz" | grep -q "^wirelane (" || fail "changelog"
+
+dpkg --root="$root" --log=/dev/null --force-script-chrootless -r wirelane
 left=""
 while IFS= read -r f; do
     [[ -f "$root$f" || -L "$root$f" ]] && left+=" $f"

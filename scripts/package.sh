@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Builds the Debian package target/debian/wirelane_VERSION_ARCH.deb with dpkg-deb:
 # wirelane and wirelane-lab, their man pages and bash/zsh completions (generated from
-# the clap definitions by the binaries themselves), the systemd template unit
-# wirelane@.service, the README and the copyright file. Prints the package's path.
+# the clap definitions by the binaries themselves), the systemd template units
+# wirelane@.service and wirelane-pool@.service, the README, a changelog and the
+# copyright file, and maintainer scripts that tell systemd its units changed (running
+# tunnels are left alone). Prints the package's path.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$HOME/.cargo/bin:$PATH"
@@ -17,7 +19,7 @@ mkdir -p "$root/DEBIAN"
 
 install -Dm755 target/release/wirelane "$root/usr/bin/wirelane"
 install -Dm755 target/release/wirelane-lab "$root/usr/bin/wirelane-lab"
-strip --strip-debug "$root/usr/bin/wirelane" "$root/usr/bin/wirelane-lab"
+strip --strip-unneeded "$root/usr/bin/wirelane" "$root/usr/bin/wirelane-lab"
 mkdir -p "$root/usr/share/man/man8" "$root/usr/share/man/man1" \
     "$root/usr/share/bash-completion/completions" "$root/usr/share/zsh/vendor-completions"
 target/release/wirelane --generate man | gzip -9n >"$root/usr/share/man/man8/wirelane.8.gz"
@@ -27,8 +29,28 @@ target/release/wirelane-lab generate complete-bash >"$root/usr/share/bash-comple
 target/release/wirelane --generate complete-zsh >"$root/usr/share/zsh/vendor-completions/_wirelane"
 target/release/wirelane-lab generate complete-zsh >"$root/usr/share/zsh/vendor-completions/_wirelane-lab"
 install -Dm644 packaging/wirelane@.service "$root/lib/systemd/system/wirelane@.service"
+install -Dm644 packaging/wirelane-pool@.service "$root/lib/systemd/system/wirelane-pool@.service"
 install -Dm644 README.md "$root/usr/share/doc/wirelane/README.md"
 install -Dm644 packaging/copyright "$root/usr/share/doc/wirelane/copyright"
+# The changelog: the commit the package was built from, dated by it.
+commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+date=$(git log -1 --format=%aD 2>/dev/null || date -R)
+printf 'wirelane (%s) unstable; urgency=medium\n\n  * Built from commit %s.\n\n -- wirelane developers <wirelane@localhost>  %s\n' \
+    "$version" "$commit" "$date" | gzip -9n >"$root/usr/share/doc/wirelane/changelog.gz"
+chmod 644 "$root/usr/share/doc/wirelane/changelog.gz"
+# Units changed on disk: systemd rereads them. No instance is restarted on upgrade: a
+# restart would take the tunnels down. Not when installed into another root
+# (DPKG_ROOT): that root's systemd is not this one.
+for script in postinst postrm; do
+    cat >"$root/DEBIAN/$script" <<'SCRIPT'
+#!/bin/sh
+set -e
+if [ -z "${DPKG_ROOT:-}" ] && [ -d /run/systemd/system ]; then
+    systemctl --system daemon-reload >/dev/null || true
+fi
+SCRIPT
+    chmod 755 "$root/DEBIAN/$script"
+done
 
 cat >"$root/DEBIAN/control" <<CONTROL
 Package: wirelane
