@@ -106,6 +106,11 @@ fn accept_loop(listener: &TcpListener, stopping: &AtomicBool, render: Render) {
             let busy = Duration::from_millis(100);
             let out = Timed::new(&stream, busy, busy);
             let _ = respond(out, 503, "Service Unavailable", &[], "busy\n");
+            // Closed with the request unread, the socket would send a reset, which
+            // may reach the client before the 503 does: end our side, then take what
+            // the client sent, 50 ms at most, and close on an empty queue.
+            let _ = stream.shutdown(Shutdown::Write);
+            drain(&stream, Duration::from_millis(50));
             continue;
         };
         let render = render.clone();
@@ -119,10 +124,29 @@ fn accept_loop(listener: &TcpListener, stopping: &AtomicBool, render: Render) {
     }
 }
 
+/// Reads and drops what the client sent, until it closes, [`MAX_HEAD`] bytes, or `wait`.
+fn drain(mut stream: &TcpStream, wait: Duration) {
+    let deadline = Instant::now() + wait;
+    let mut chunk = [0u8; 1024];
+    let mut taken = 0;
+    while taken < MAX_HEAD {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() || stream.set_read_timeout(Some(left)).is_err() {
+            return;
+        }
+        match stream.read(&mut chunk) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => taken += n,
+        }
+    }
+}
+
 /// What a request head asks for.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Request {
     Metrics,
+    /// HEAD /metrics: the answer's head alone (RFC 9110 §9.3.2), for health checks.
+    MetricsHead,
     WrongMethod,
     NotFound,
     BadRequest,
@@ -147,6 +171,7 @@ pub fn parse_request_line(head: &[u8]) -> Request {
     let path = target.split('?').next().unwrap_or_default();
     match (method, path) {
         ("GET", "/metrics") => Request::Metrics,
+        ("HEAD", "/metrics") => Request::MetricsHead,
         (_, "/metrics") => Request::WrongMethod,
         _ => Request::NotFound,
     }
@@ -199,12 +224,24 @@ fn serve(stream: TcpStream, render: &Render, place: Place) {
                     &body,
                 )
             }
+            Request::MetricsHead => {
+                // The length GET would send, so the head is GET's.
+                let body = render();
+                let mut out = answer(&stream);
+                let text = answer_head(
+                    200,
+                    "OK",
+                    &[("Content-Type", prometheus::TEXT_FORMAT)],
+                    body.len(),
+                );
+                out.write_all(text.as_bytes())
+            }
             Request::WrongMethod => respond(
                 answer(&stream),
                 405,
                 "Method Not Allowed",
-                &[("Allow", "GET")],
-                "only GET /metrics\n",
+                &[("Allow", "GET, HEAD")],
+                "only GET or HEAD /metrics\n",
             ),
             Request::NotFound => respond(answer(&stream), 404, "Not Found", &[], "only /metrics\n"),
             Request::BadRequest => {
@@ -244,10 +281,14 @@ fn respond(
     headers: &[(&str, &str)],
     body: &str,
 ) -> io::Result<()> {
-    let mut head = format!(
-        "HTTP/1.1 {code} {reason}\r\nContent-Length: {}\r\nConnection: close\r\n",
-        body.len()
-    );
+    out.write_all(answer_head(code, reason, headers, body.len()).as_bytes())?;
+    out.write_all(body.as_bytes())
+}
+
+/// An answer's head, for a body of `len` bytes.
+fn answer_head(code: u16, reason: &str, headers: &[(&str, &str)], len: usize) -> String {
+    let mut head =
+        format!("HTTP/1.1 {code} {reason}\r\nContent-Length: {len}\r\nConnection: close\r\n");
     for (k, v) in headers {
         head.push_str(&format!("{k}: {v}\r\n"));
     }
@@ -255,8 +296,7 @@ fn respond(
         head.push_str("Content-Type: text/plain; charset=utf-8\r\n");
     }
     head.push_str("\r\n");
-    out.write_all(head.as_bytes())?;
-    out.write_all(body.as_bytes())
+    head
 }
 
 #[cfg(test)]
@@ -290,7 +330,8 @@ mod tests {
             ("GET /metrics HTTP/1.1\r\n", Request::Metrics),
             ("GET /metrics?x=1 HTTP/1.0\r\n", Request::Metrics),
             ("POST /metrics HTTP/1.1\r\n", Request::WrongMethod),
-            ("HEAD /metrics HTTP/1.1\r\n", Request::WrongMethod),
+            ("HEAD /metrics HTTP/1.1\r\n", Request::MetricsHead),
+            ("PUT /metrics HTTP/1.1\r\n", Request::WrongMethod),
             ("GET / HTTP/1.1\r\n", Request::NotFound),
             ("GET /metricsx HTTP/1.1\r\n", Request::NotFound),
             ("GET /metrics HTTP/2\r\n", Request::BadRequest),

@@ -289,7 +289,15 @@ fn bad_requests_get_errors_and_the_tunnel_carries_on() {
         b"POST /metrics HTTP/1.1\r\nContent-Length: 0\r\n\r\n".to_vec(),
     );
     assert_eq!(status(&answer), 405, "{answer}");
-    assert!(answer.contains("Allow: GET"), "{answer}");
+    assert!(answer.contains("Allow: GET, HEAD"), "{answer}");
+    // HEAD, as health checks send it: GET's head, no body.
+    let answer = http(&ns, METRICS, b"HEAD /metrics HTTP/1.1\r\n\r\n".to_vec());
+    assert_eq!(status(&answer), 200, "{answer}");
+    assert!(
+        answer.ends_with("\r\n\r\n"),
+        "a body after the head: {answer}"
+    );
+    assert!(!answer.contains("Content-Length: 0\r\n"), "{answer}");
     assert_eq!(status(&get(&ns, METRICS, "/")), 404);
     assert_eq!(status(&get(&ns, METRICS, "/metrics/../etc")), 404);
     assert_eq!(
