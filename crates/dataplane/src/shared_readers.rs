@@ -99,7 +99,13 @@ impl<M: Member> Set<M> {
                 let Some(m) = lock(&self.members).get(&token).cloned() else {
                     continue; // taken out since the wait returned
                 };
-                if !m.iface().stopping() {
+                if m.iface().stopping() {
+                    // Taken out now, not when the runtime unserves the interface: its
+                    // descriptor stays readable (readiness is level-triggered), and
+                    // skipped in the set, it woke this reader again and again.
+                    drop(m);
+                    self.remove(token);
+                } else {
                     each(token, m);
                 }
             }

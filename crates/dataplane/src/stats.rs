@@ -129,6 +129,10 @@ counters! {
     tx_timed,
     tx_sojourn_ns,
     tx_sojourn_max_ns @max,
+    /// Transport datagrams that did not leave: the socket refused them (a route or a
+    /// firewall refusal, a buffer full past the wait), or the interface has no socket
+    /// of the endpoint's family.
+    tx_send_failed,
     /// Datagrams that are not WireGuard messages at all.
     rx_malformed,
     /// Transport messages for an unknown receiver index or an expired keypair, and
@@ -238,6 +242,7 @@ pub const DROP_REASONS: &[&str] = &[
     "tx_no_endpoint",
     "tx_codel_dropped",
     "tx_fq_overflow",
+    "tx_send_failed",
     "rx_malformed",
     "rx_unknown_index",
     "rx_auth_failed",

@@ -63,6 +63,12 @@ pub fn step<R>(
     f: impl FnOnce(&mut PeerState, &mut Ctx, &mut Vec<Output>) -> R,
 ) -> R {
     let (r, outs) = take_step(c, peer, f);
+    carry_out(c, peer, outs);
+    r
+}
+
+/// Carries out what a protocol step asked for.
+fn carry_out(c: StageCtx<'_>, peer: &Arc<Peer>, outs: Vec<Output>) {
     for o in outs {
         match o {
             Output::Initiation { reason, message } => {
@@ -84,7 +90,6 @@ pub fn step<R>(
             }
         }
     }
-    r
 }
 
 /// Whether packets entering a peer's TX queue must fit the interface's transmit budget
@@ -158,7 +163,10 @@ fn enqueue_after_staged(
     if peer.is_removed() {
         return;
     }
-    let (queued, dropped) = step(c, peer, |state, ctx, out| {
+    // The step's outputs (a handshake it started) are carried out after its batches
+    // are handed to the workers: queued, a batch must reach them whatever a send
+    // does, or its peer's ordered queue waits on it for good.
+    let ((queued, dropped), outs) = take_step(c, peer, |state, ctx, out| {
         let mut queued = Queued::default();
         let mut dropped = 0;
         let mut queue = |packets: Vec<Packet>, budget: Budget| -> Result<(), Vec<Packet>> {
@@ -224,4 +232,5 @@ fn enqueue_after_staged(
             dir: Direction::Tx,
         });
     }
+    carry_out(c, peer, outs);
 }

@@ -149,6 +149,15 @@ fn send_flushes(c: StageCtx<'_>, flushes: &[Flush]) -> Vec<Sent> {
         // Before the socket table's read lock: the check may read it too.
         let src = dev.source_for(&f.peer, dst);
         let Some(sock) = sockets.for_destination(&dst) else {
+            // No socket of the endpoint's family (its bind failed).
+            let n = bodies
+                .iter()
+                .flat_map(|b| &b.packets)
+                .filter(|p| p.ok)
+                .count();
+            dev.stats
+                .tx_send_failed
+                .fetch_add(n as u64, Ordering::Relaxed);
             continue;
         };
         let lane = match lanes.iter().position(|l| Arc::ptr_eq(l.0, sock)) {
@@ -174,6 +183,12 @@ fn send_flushes(c: StageCtx<'_>, flushes: &[Flush]) -> Vec<Sent> {
     for (sock, out, owners) in &lanes {
         let mut sent = vec![false; out.len()];
         send_all(&***sock, out, &mut sent);
+        let unsent = sent.iter().filter(|ok| !**ok).count();
+        if unsent > 0 {
+            dev.stats
+                .tx_send_failed
+                .fetch_add(unsent as u64, Ordering::Relaxed);
+        }
         for ((d, &(k, arrival)), ok) in out.iter().zip(owners).zip(sent) {
             if !ok {
                 continue;
