@@ -178,7 +178,8 @@ fn init_logging(cli: &Cli) {
         Some("silent") => "off".to_string(),
         _ => cli.log_level.clone(),
     };
-    let filter = tracing_subscriber::EnvFilter::try_from_env("WIRELANE_LOG")
+    // A filter in WIRELANE_LOG was checked before (`check`): unset, the level rules.
+    let filter = tracing_subscriber::EnvFilter::try_from_env(LOG_ENV)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
@@ -215,8 +216,19 @@ fn check(cli: &mut Cli) {
             .error(clap::error::ErrorKind::ValueValidation, msg)
             .exit()
     };
+    // Set but unusable (not UTF-8, or not a filter) is an error, not "unset".
+    let env = |name: &str| match std::env::var(name) {
+        Ok(v) => Some(v),
+        Err(std::env::VarError::NotPresent) => None,
+        Err(std::env::VarError::NotUnicode(_)) => usage(format!("{name}: not UTF-8")),
+    };
+    if let Some(f) = env(LOG_ENV) {
+        if let Err(e) = tracing_subscriber::EnvFilter::try_new(&f) {
+            usage(format!("{LOG_ENV}: '{f}' is not a log filter: {e}"));
+        }
+    }
     if cli.pool.is_none() {
-        if let Ok(p) = std::env::var(POOL_ENV) {
+        if let Some(p) = env(POOL_ENV) {
             if let Err(e) = pool::validate_name(&p) {
                 usage(format!("{POOL_ENV}: {e}"));
             }
@@ -224,7 +236,7 @@ fn check(cli: &mut Cli) {
         }
     }
     if cli.metrics.is_none() {
-        if let Ok(m) = std::env::var(METRICS_ENV) {
+        if let Some(m) = env(METRICS_ENV) {
             match m.parse() {
                 Ok(a) => cli.metrics = Some(a),
                 Err(_) => usage(format!("{METRICS_ENV}: '{m}' is not ADDR:PORT")),
@@ -301,6 +313,8 @@ fn join(pool_name: &str, ifnames: &[String]) -> Result<Joined, String> {
 
 /// Where `--metrics` comes from when not given (the service unit sets it).
 const METRICS_ENV: &str = "WIRELANE_METRICS";
+/// The log filter (`tracing_subscriber::EnvFilter` syntax), over `--log-level`.
+const LOG_ENV: &str = "WIRELANE_LOG";
 
 /// Options that only a pool's first process applies.
 fn warn_ignored_on_join(cli: &Cli, pool_name: &str) {

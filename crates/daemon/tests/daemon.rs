@@ -139,6 +139,17 @@ fn start_failures_are_reported() {
         let err = String::from_utf8_lossy(&o.stderr);
         assert!(err.contains(needle), "{args:?}: {err}");
     }
+    // Environment that is set but unusable is refused the same way, not ignored.
+    for (var, value) in [
+        ("WIRELANE_LOG", "wirelane_dataplane=verbose"),
+        ("WIRELANE_METRICS", "nope"),
+        ("WIRELANE_POOL", "a/b"),
+    ] {
+        let o = Command::new(bin).arg("x").env(var, value).output().unwrap();
+        assert_eq!(o.status.code(), Some(2), "{var}={value}");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains(var), "{var}={value}: {err}");
+    }
     // A second daemon for a served interface fails with a clear message, in both modes.
     let ns = Netns::fresh();
     let d = Daemon::start(WIRELANE, &ns);

@@ -52,7 +52,9 @@ impl CookieReplySlot {
             let _ = self
                 .0
                 .compare_exchange(NONE, OPEN, Ordering::AcqRel, Ordering::Relaxed);
-        } else {
+        } else if self.0.load(Ordering::Relaxed) != NONE {
+            // Every step of a peer comes here, most with nothing awaited: a load, not
+            // a store, keeps the line clean.
             self.0.store(NONE, Ordering::Release);
         }
     }

@@ -185,6 +185,7 @@ pub fn churn_scenario(total: Duration, chunk: Duration) -> Result<ChurnOutcome> 
     let start = Instant::now();
     let result = (|| -> Result<()> {
         while start.elapsed() < total {
+            crate::interrupt::check()?;
             let t = tcp::bulk(&a, &b, tun.addr_b, 1, chunk)?;
             o.tcp_corrupt_bytes += t.corrupt_bytes;
             o.tcp_retransmits += t.retransmits;
@@ -276,6 +277,7 @@ pub fn updown_scenario(cycles: usize) -> Result<UpDownOutcome> {
         ..Default::default()
     };
     for _ in 0..cycles {
+        crate::interrupt::check()?;
         bed.hosts[1]
             .ns
             .run(&format!("ip link set {b_if} down && ip link set {b_if} up"))?;

@@ -158,7 +158,7 @@ pub const EXITED_THREADS_NAME: &str = "(ended threads)";
 /// A process's CPU time, its live and ended threads', from `/proc/PID/stat`.
 fn process_run_ns(pid: u32) -> Option<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    process_ticks(&stat).map(|t| t * 1_000_000_000 / clock_ticks_per_second())
+    process_ticks(&stat).map(|t| t * 1_000_000_000 / ticks_per_second() as u64)
 }
 
 /// utime + stime of a `/proc/PID/stat` line: its 14th and 15th fields, counted after
@@ -169,16 +169,6 @@ fn process_ticks(stat: &str) -> Option<u64> {
     let utime: u64 = fields.next()?.parse().ok()?;
     let stime: u64 = fields.next()?.parse().ok()?;
     Some(utime + stime)
-}
-
-fn clock_ticks_per_second() -> u64 {
-    // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    if hz > 0 {
-        hz as u64
-    } else {
-        100
-    }
 }
 
 /// A thread's scheduler times from its `schedstat` file (zero where it is missing).
@@ -270,7 +260,17 @@ pub fn rss_kib(pid: u32) -> Option<u64> {
 }
 
 fn status_kib(pid: u32, field: &str) -> Option<u64> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    kib_field(&format!("/proc/{pid}/status"), field)
+}
+
+/// The memory the kernel reckons it can give without swapping (MemAvailable), KiB.
+pub fn mem_available_kib() -> Option<u64> {
+    kib_field("/proc/meminfo", "MemAvailable:")
+}
+
+/// A "Name: N kB" line's N from a /proc file.
+fn kib_field(path: &str, field: &str) -> Option<u64> {
+    let s = std::fs::read_to_string(path).ok()?;
     s.lines()
         .find(|l| l.starts_with(field))?
         .split_whitespace()

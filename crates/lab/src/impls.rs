@@ -91,22 +91,40 @@ pub const ALL: [Impl; 5] = [
 /// `WIRELANE_LAB_BUILDS=NAME=PATH[,NAME=PATH...]` in the environment.
 fn builds() -> &'static Mutex<Vec<(String, PathBuf)>> {
     static BUILDS: OnceLock<Mutex<Vec<(String, PathBuf)>>> = OnceLock::new();
-    BUILDS.get_or_init(|| {
-        let from_env = std::env::var("WIRELANE_LAB_BUILDS").unwrap_or_default();
-        let list = from_env
-            .split(',')
-            .filter_map(|b| b.split_once('='))
-            .map(|(n, p)| (n.to_string(), PathBuf::from(p)))
-            .collect();
-        Mutex::new(list)
-    })
+    // Entries that do not parse are left out here; `check_env_builds` names them.
+    BUILDS.get_or_init(|| Mutex::new(env_builds().unwrap_or_default()))
 }
 
-/// Registers another wirelane build as `wirelane@NAME`.
-pub fn register_build(spec: &str) -> Result<()> {
+const BUILDS_ENV: &str = "WIRELANE_LAB_BUILDS";
+
+/// The builds `WIRELANE_LAB_BUILDS` names, each checked as `--build` checks one.
+fn env_builds() -> Result<Vec<(String, PathBuf)>> {
+    let text = std::env::var(BUILDS_ENV).unwrap_or_default();
+    let mut list: Vec<(String, PathBuf)> = Vec::new();
+    for spec in text.split(',').filter(|s| !s.is_empty()) {
+        let (name, path) = parse_build(spec).map_err(|e| format!("{BUILDS_ENV}: {e}"))?;
+        list.retain(|(n, _)| *n != name);
+        list.push((name, path));
+    }
+    if list.len() > MAX_BUILDS {
+        return Err(format!("{BUILDS_ENV}: more than {MAX_BUILDS} builds").into());
+    }
+    Ok(list)
+}
+
+/// Fails naming the first entry of `WIRELANE_LAB_BUILDS` that is not NAME=PATH of an
+/// existing file: left out silently, its name was later "not registered".
+pub fn check_env_builds() -> Result<()> {
+    env_builds().map(drop)
+}
+
+/// Builds one run may name (an index fits a byte).
+const MAX_BUILDS: usize = u8::MAX as usize;
+
+fn parse_build(spec: &str) -> Result<(String, PathBuf)> {
     let (name, path) = spec
         .split_once('=')
-        .ok_or_else(|| format!("--build takes NAME=PATH, not '{spec}'"))?;
+        .ok_or_else(|| format!("a build is NAME=PATH, not '{spec}'"))?;
     let valid = !name.is_empty()
         && name
             .bytes()
@@ -117,12 +135,18 @@ pub fn register_build(spec: &str) -> Result<()> {
     if !std::path::Path::new(path).is_file() {
         return Err(format!("build '{name}': {path} is not a file").into());
     }
+    Ok((name.to_string(), PathBuf::from(path)))
+}
+
+/// Registers another wirelane build as `wirelane@NAME`.
+pub fn register_build(spec: &str) -> Result<()> {
+    let (name, path) = parse_build(spec).map_err(|e| format!("--build: {e}"))?;
     let mut b = builds().lock().unwrap_or_else(|p| p.into_inner());
-    b.retain(|(n, _)| n != name);
-    if b.len() >= usize::from(u8::MAX) {
+    b.retain(|(n, _)| *n != name);
+    if b.len() >= MAX_BUILDS {
         return Err("too many builds".into());
     }
-    b.push((name.to_string(), PathBuf::from(path)));
+    b.push((name, path));
     Ok(())
 }
 
@@ -207,7 +231,7 @@ impl std::str::FromStr for Impl {
                 let i = list.iter().position(|(n, _)| n == name).ok_or_else(|| {
                     format!("no build named '{name}' (register it with --build {name}=PATH)")
                 })?;
-                Some(i as u8)
+                Some(u8::try_from(i).map_err(|_| "too many builds")?)
             }
         };
         Ok(Impl::Wirelane(Flavor {
@@ -671,6 +695,17 @@ impl Tunnel {
 
 #[cfg(test)]
 mod tests {
+    use super::parse_build;
+
+    /// A build entry is NAME=PATH of an existing file, its name plain.
+    #[test]
+    fn build_entries_are_checked() {
+        assert!(parse_build("a=/bin/sh").is_ok());
+        for bad in ["bogus", "=/bin/sh", "a b=/bin/sh", "a=/no/such/file"] {
+            assert!(parse_build(bad).is_err(), "{bad}");
+        }
+    }
+
     use super::*;
 
     #[test]

@@ -11,6 +11,7 @@ pub mod faults;
 pub mod flood;
 pub mod hist;
 pub mod impls;
+pub mod interrupt;
 pub mod matrix;
 pub mod model;
 pub mod netns;

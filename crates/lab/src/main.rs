@@ -4,7 +4,6 @@ use clap::{CommandFactory, Parser, Subcommand};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use wirelane_lab::impls::Impl;
 use wirelane_lab::matrix::Matrix;
@@ -297,7 +296,7 @@ fn flood_cmd(
         duration: std::time::Duration::from_secs_f64(seconds),
         rate,
     };
-    let r = wirelane_lab::flood::run(&spec, &INTERRUPTED)?;
+    let r = wirelane_lab::flood::run(&spec, wirelane_lab::interrupt::flag())?;
     println!(
         "sent {} initiations in {:.2} s ({:.0}/s); cookie replies taken: {}",
         r.sent,
@@ -323,20 +322,6 @@ fn capture(out: &Path, vectors: Option<&Path>, impls: &[String]) -> Result<()> {
         w.inner_ip
     );
     Ok(())
-}
-
-static INTERRUPTED: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn on_signal(_: libc::c_int) {
-    INTERRUPTED.store(true, Ordering::SeqCst);
-}
-
-fn install_signal_handlers() {
-    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
-    unsafe {
-        libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
-        libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
-    }
 }
 
 /// Commands that only compute and print end quietly when their reader goes away
@@ -395,6 +380,7 @@ fn run_matrix(path: &PathBuf, o: RunOptions<'_>) -> Result<()> {
             return Err("--duration must be 0.5..=600 seconds".into());
         }
         m.duration = std::time::Duration::from_secs_f64(d);
+        m.check_star_cells()?;
     }
     if let Some(r) = repeats {
         if !(1..=100).contains(&r) {
@@ -410,6 +396,14 @@ fn run_matrix(path: &PathBuf, o: RunOptions<'_>) -> Result<()> {
         m.implementations.retain(|i| keep.contains(i));
         if m.implementations.is_empty() {
             return Err("--only leaves no implementation".into());
+        }
+        if !m.implementations.contains(&m.baseline) {
+            eprintln!(
+                "--only leaves out the baseline {}; ratios are against {}",
+                m.baseline.name(),
+                m.implementations[0].name()
+            );
+            m.baseline = m.implementations[0];
         }
     }
     let mut impls = Vec::new();
@@ -428,15 +422,17 @@ fn run_matrix(path: &PathBuf, o: RunOptions<'_>) -> Result<()> {
     let out = out.unwrap_or_else(|| {
         PathBuf::from("lab-results").join(record::now_rfc3339().replace(':', "-"))
     });
-    std::fs::create_dir_all(&out)?;
+    let named = |e: std::io::Error| format!("{}: {e}", out.display());
+    std::fs::create_dir_all(&out).map_err(named)?;
     let mut results = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
-        .open(out.join("results.jsonl"))?;
+        .open(out.join("results.jsonl"))
+        .map_err(named)?;
     let schedule = m.schedule();
     let mut records = Vec::new();
     for (k, r) in schedule.iter().enumerate() {
-        if INTERRUPTED.load(Ordering::SeqCst) {
+        if wirelane_lab::interrupt::requested() {
             eprintln!(
                 "interrupted: {} of {} runs done; partial results kept",
                 k,
@@ -474,6 +470,9 @@ fn run_matrix(path: &PathBuf, o: RunOptions<'_>) -> Result<()> {
     std::fs::write(out.join("summary.md"), &md)?;
     println!("{md}");
     println!("results: {}", out.join("results.jsonl").display());
+    if !records.is_empty() && records.iter().all(|r| r.error.is_some()) {
+        return Err(format!("every one of the {} runs failed", records.len()).into());
+    }
     Ok(())
 }
 
@@ -481,7 +480,12 @@ fn write_report(dir: &Path, history: &[PathBuf]) -> Result<()> {
     let mut dirs = history.to_vec();
     dirs.push(dir.to_path_buf());
     let sets = report::load_sets(&dirs)?;
-    let newest = sets.values().next_back().expect("non-empty");
+    // The summary is DIR's own newest set, whatever the history holds.
+    let own = report::load_sets(&[dir.to_path_buf()])?;
+    let newest = own
+        .values()
+        .next_back()
+        .ok_or_else(|| format!("{}: no results", dir.display()))?;
     let baseline = newest
         .first()
         .map(|r| r.baseline.clone())
@@ -610,7 +614,15 @@ fn generate(kind: &str) -> Result<()> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    install_signal_handlers();
+    // Commands that only compute (model, generate) keep the default: a signal ends
+    // them, with nothing to clean up.
+    if !matches!(cli.cmd, Cmd::Generate { .. } | Cmd::Model { .. }) {
+        wirelane_lab::interrupt::install();
+    }
+    if let Err(e) = wirelane_lab::impls::check_env_builds() {
+        eprintln!("error: {e}");
+        return ExitCode::from(2);
+    }
     let r = match &cli.cmd {
         Cmd::Generate { kind } => {
             quiet_on_broken_pipe();
@@ -697,10 +709,7 @@ fn main() -> ExitCode {
             source,
             seconds,
             rate,
-        } => {
-            install_signal_handlers();
-            flood_cmd(*target, public_key, *kind, source, *seconds, *rate)
-        }
+        } => flood_cmd(*target, public_key, *kind, source, *seconds, *rate),
         Cmd::Robust { scenario } => match scenario {
             Scenario::Flood {
                 seconds,
@@ -759,6 +768,7 @@ fn send_floor(
     let mut runs: Vec<Vec<Floor>> = vec![Vec::new(); peers.len()];
     for r in 0..repeats {
         for (i, &n) in peers.iter().enumerate() {
+            wirelane_lab::interrupt::check()?;
             let f = measure(n, size, seconds, batch, segments, gbit)?;
             eprintln!(
                 "[{}/{}] N={n}: {:.2} Gbit/s, {:.2} CPU-s/GB, {} of {} received",

@@ -585,19 +585,30 @@ impl Matrix {
         if cells.is_empty() {
             return Err("matrix: no workloads".into());
         }
-        for c in &cells {
-            if let Some(spec) = c.star_spec(f.duration_s) {
-                spec.validate()?;
-            }
-        }
-        Ok(Matrix {
+        let m = Matrix {
             name: f.name,
             implementations,
             baseline,
             repeats: f.repeats,
             duration: std::time::Duration::from_secs_f64(f.duration_s),
             cells,
-        })
+        };
+        m.check_star_cells()?;
+        Ok(m)
+    }
+
+    /// Whether every star cell can run at the matrix's duration: its spec is valid and
+    /// its sealed packets fit the cap. Checked again after `--duration` changes it.
+    pub fn check_star_cells(&self) -> Result<()> {
+        for c in &self.cells {
+            if let Some(spec) = c.star_spec(self.duration.as_secs_f64()) {
+                spec.validate()?;
+                if spec.way == crate::star::Way::Rx {
+                    spec.per_peer()?;
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Execution order: repeat-major, then cell, then implementation, so that every

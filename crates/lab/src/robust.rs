@@ -572,6 +572,7 @@ pub fn replay_scenario(times: usize) -> Result<ReplayOutcome> {
     };
     // Paced in chunks so the receiver sees them rather than its socket buffer dropping.
     for _ in 0..times / 100 {
+        crate::interrupt::check()?;
         o.transport_injected += relay.inject(true, &transport, 100);
         o.initiation_injected += relay.inject(true, &initiation, 100);
         std::thread::sleep(Duration::from_millis(2));

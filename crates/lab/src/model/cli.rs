@@ -304,8 +304,10 @@ fn calibrate_cli(dirs: &[PathBuf], out: &Path, sched_from: Option<&Path>) -> Res
             .join("; ")
     ));
     let params = calibrate::fit(&obs, sched, provenance, 0.3)?;
-    std::fs::write(out, params.to_toml()?)?;
-    println!("{}", params.to_toml()?);
+    // Printed first: a fit that cannot be written (a missing directory) is not lost.
+    let text = params.to_toml()?;
+    println!("{text}");
+    std::fs::write(out, &text).map_err(|e| format!("{}: {e}", out.display()))?;
     let rows = validate(&params, &obs, 0.5)?;
     print!(
         "In-sample (the calibration's own runs):\n\n{}",
@@ -426,9 +428,11 @@ fn validate_cli(params: Option<&Path>, dirs: &[PathBuf], out: Option<&Path>) -> 
     let table = validation_table(&rows, &cpu);
     print!("{table}");
     if let Some(dir) = out {
-        std::fs::create_dir_all(dir)?;
-        std::fs::write(dir.join("validation.md"), &table)?;
-        std::fs::write(dir.join("validation.html"), validation_charts(&rows, &cpu))?;
+        let named = |e: std::io::Error| format!("{}: {e}", dir.display());
+        std::fs::create_dir_all(dir).map_err(named)?;
+        std::fs::write(dir.join("validation.md"), &table).map_err(named)?;
+        std::fs::write(dir.join("validation.html"), validation_charts(&rows, &cpu))
+            .map_err(named)?;
     }
     Ok(())
 }

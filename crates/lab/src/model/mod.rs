@@ -107,8 +107,9 @@ impl Scenario {
                 self.size
             ));
         }
-        if !(self.offered_gbit.is_finite() && self.offered_gbit > 0.0) {
-            return Err("offered load must be a positive number of Gbit/s".into());
+        // Past 10 Tbit/s a run would simulate more arrivals than it could finish.
+        if !(self.offered_gbit.is_finite() && self.offered_gbit > 0.0 && self.offered_gbit <= 1e4) {
+            return Err("offered load must be more than 0 and at most 10,000 Gbit/s".into());
         }
         if !(1..=1024).contains(&self.burst) {
             return Err(format!(
@@ -117,8 +118,8 @@ impl Scenario {
             ));
         }
         if let Some(rtt) = self.tcp_rtt_us {
-            if !(rtt.is_finite() && rtt > 0.0) {
-                return Err("the round-trip time must be a positive number of µs".into());
+            if !(rtt.is_finite() && rtt > 0.0 && rtt <= 1e7) {
+                return Err("the round-trip time must be more than 0 and at most 10 s".into());
             }
         }
         let ok = self.seconds.is_finite()

@@ -271,9 +271,17 @@ impl Params {
         if p.serial_threads_max == 0 {
             return Err("serial_threads_max must be at least 1".into());
         }
-        let finite = |v: f64| v.is_finite() && v >= 0.0;
+        if p.reader_threads > 1024 {
+            return Err("reader_threads must be at most 1024".into());
+        }
+        // Costs and times in ns (or µs) up to a second: beyond it, simulated times
+        // added up overflow, and no stage of a packet costs that.
+        let finite = |v: f64| v.is_finite() && (0.0..=1e9).contains(&v);
+        if !(p.inflight_target_us.is_finite() && (0.0..=1e6).contains(&p.inflight_target_us)) {
+            return Err("inflight_target_us must be 0 to 1,000,000".into());
+        }
         if !(finite(p.rss_skew) && finite(p.line_gbit)) {
-            return Err("rss_skew and line_gbit must be finite and ≥ 0".into());
+            return Err("rss_skew and line_gbit must be 0 to 10^9".into());
         }
         let s = &self.sched;
         let sched = [
@@ -284,9 +292,9 @@ impl Params {
             s.preempt_ns,
             s.spin_ns,
         ];
-        let slice_ok = s.timeslice_ns.is_finite() && s.timeslice_ns > 0.0;
+        let slice_ok = finite(s.timeslice_ns) && s.timeslice_ns > 0.0;
         if !(sched.into_iter().all(finite) && slice_ok) {
-            return Err("scheduling costs must be finite and ≥ 0, the time slice > 0".into());
+            return Err("scheduling costs must be 0 to 10^9 ns, the time slice more than 0".into());
         }
         for (dir, c) in [("rx", &self.rx), ("tx", &self.tx)] {
             let all = [
@@ -303,7 +311,7 @@ impl Params {
                 c.serial_send_ns,
             ];
             if !all.into_iter().all(finite) {
-                return Err(format!("{dir} stage costs must be finite and ≥ 0"));
+                return Err(format!("{dir} stage costs must be 0 to 10^9 ns"));
             }
             if !(0.0..0.95).contains(&c.background_share) {
                 return Err(format!("{dir} background_share must be in [0, 0.95)"));

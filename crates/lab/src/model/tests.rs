@@ -515,3 +515,33 @@ fn the_kernel_baseline_converges_on_one_core_and_workqueue_does_not() {
     assert!(busiest - rest < 0.1 && rest > 0.9, "{busiest} {rest}");
     assert!(wq.goodput_gbit > 2.0 * base.goodput_gbit);
 }
+
+/// Parameter files and scenarios a simulation cannot run are refused before it starts:
+/// a cost past a second (time overflowed), an infinite in-flight target (a panic), a
+/// rate no run could finish.
+#[test]
+fn unrunnable_parameters_and_scenarios_are_refused() {
+    let ok = bare(4, Pool::Shared, 1);
+    assert!(ok.check().is_ok());
+    let mut p = ok.clone();
+    p.rx.crypt_byte_ns = 1e300;
+    assert!(p.check().is_err());
+    let mut p = ok.clone();
+    p.platform.inflight_target_us = f64::INFINITY;
+    assert!(p.check().is_err());
+    let mut p = ok.clone();
+    p.platform.reader_threads = 10_000_000_000;
+    assert!(p.check().is_err());
+    let base = Scenario::star(Model::Workqueue, 2, 10, Direction::Rx);
+    assert!(base.check().is_ok());
+    let sc = Scenario {
+        offered_gbit: 1e7,
+        ..base.clone()
+    };
+    assert!(sc.check().is_err());
+    let sc = Scenario {
+        tcp_rtt_us: Some(1e300),
+        ..base
+    };
+    assert!(sc.check().is_err());
+}

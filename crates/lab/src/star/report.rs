@@ -31,6 +31,8 @@ pub fn sweep(
             // The AEAD floor, measured beside each cell's runs.
             let floor = aead_floor(spec.size);
             for k in 0..impls.len() {
+                // Between runs: the runs so far are in the file already.
+                crate::interrupt::check()?;
                 let which = impls[(k + repeat) % impls.len()];
                 let rec = run_one(which, spec, repeat, floor);
                 writeln!(file, "{}", serde_json::to_string(&rec)?)?;

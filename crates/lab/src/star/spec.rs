@@ -109,6 +109,9 @@ fn one_tunnel() -> usize {
 /// The most tunnels one gateway run spreads its peers over.
 pub const MAX_TUNNELS: usize = 64;
 
+/// The largest sealed-packet cap a run may ask for, MiB (1 TiB), whatever the memory.
+pub const MAX_SEALED_MIB: usize = 1 << 20;
+
 /// The inner packet size a star run uses unless told otherwise (`--size`).
 pub const DEFAULT_SIZE: usize = 1420;
 
@@ -268,6 +271,13 @@ impl StarSpec {
         if self.sample_every == 0 {
             return Err("star: sample_every must be at least 1".into());
         }
+        if !(1..=MAX_SEALED_MIB).contains(&self.sealed_max_mib) {
+            return Err(format!(
+                "star: the sealed-packet cap must be 1..={MAX_SEALED_MIB} MiB, not {}",
+                self.sealed_max_mib
+            )
+            .into());
+        }
         if self.sink == sink::SinkKind::Blackhole && self.way != Way::Rx {
             return Err("star: the blackhole sink is for the receive direction".into());
         }
@@ -310,21 +320,48 @@ impl StarSpec {
     }
 
     /// Packets each heavy peer and each light peer sends in a receive run, within the
-    /// cap on sealed memory.
+    /// cap on sealed memory, and within half the memory available now: the packets are
+    /// sealed after the namespaces and the gateway exist, where running out would leave
+    /// them behind.
     pub(crate) fn per_peer(&self) -> Result<(usize, usize)> {
+        let (per_peer, light) = self.per_peer_within_cap()?;
+        let outer = generator::message_len(self.size) as u128;
+        let bytes = (per_peer as u128 * self.heavy_peers().max(1) as u128
+            + light as u128 * self.light_peers as u128)
+            * outer;
+        if let Some(kib) = crate::cpu::mem_available_kib() {
+            let room = kib as u128 * 1024 / 2;
+            if bytes > room {
+                return Err(format!(
+                    "star: this run would seal {} MiB of packets, more than half the memory \
+                     available now ({} MiB): shorten it, lower the rate, or lower \
+                     --sealed-max-mib",
+                    bytes >> 20,
+                    room >> 20
+                )
+                .into());
+            }
+        }
+        Ok((per_peer, light))
+    }
+
+    fn per_peer_within_cap(&self) -> Result<(usize, usize)> {
         let outer = generator::message_len(self.size);
-        let cap = self.sealed_max_mib << 20;
+        // Bounded by `validate`; sums and products below in u128, which a rate or a
+        // phase of any size (float casts saturate) cannot overflow.
+        let cap = self.sealed_max_mib.min(MAX_SEALED_MIB) << 20;
         let heavy = self.heavy_peers().max(1);
         let light = match self.light_peers {
             0 => 0,
             _ => (self.light_pps() * self.seconds).ceil() as usize,
         };
-        let light_bytes = light * self.light_peers * outer;
+        let light_bytes = light as u128 * self.light_peers as u128 * outer as u128;
+        let too_big = |need: u128| need > cap as u128;
         match self.offered_pps {
             Some(r) => {
                 let per_peer = ((r * self.seconds / heavy as f64).ceil() as usize).max(1);
-                let need = per_peer * heavy * outer + light_bytes;
-                if need > cap {
+                let need = per_peer as u128 * heavy as u128 * outer as u128 + light_bytes;
+                if too_big(need) {
                     return Err(format!(
                         "star: this run needs {} MiB of sealed packets ({heavy} peers × \
                          {per_peer} packets × {outer} bytes, and {light_bytes} bytes for the \
@@ -338,7 +375,16 @@ impl StarSpec {
                 Ok((per_peer, light))
             }
             None => {
-                let per_peer = cap.saturating_sub(light_bytes) / (heavy * outer);
+                if too_big(light_bytes) {
+                    return Err(format!(
+                        "star: the light peers alone need {} MiB of sealed packets, more than \
+                         the cap of {} MiB",
+                        light_bytes >> 20,
+                        self.sealed_max_mib
+                    )
+                    .into());
+                }
+                let per_peer = (cap as u128 - light_bytes) as usize / (heavy * outer);
                 if per_peer == 0 {
                     return Err(format!(
                         "star: {} MiB of sealed packets cannot hold one packet per peer for \
@@ -350,5 +396,39 @@ impl StarSpec {
                 Ok((per_peer, light))
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(extra: serde_json::Value) -> StarSpec {
+        let mut v = serde_json::json!({
+            "peers": 10, "way": "rx", "size": 1420, "offered_pps": null,
+            "seconds": 3.0, "handshake_rate": null, "sealed_max_mib": 64,
+        });
+        v.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        serde_json::from_value(v).unwrap()
+    }
+
+    /// Sizes from the command line that overflowed (a panic in a test build, nonsense
+    /// in a release one) or asked for more memory than there is are refused.
+    #[test]
+    fn oversized_runs_are_refused_not_overflowed() {
+        assert!(spec(serde_json::json!({})).per_peer().is_ok());
+        let fast = spec(serde_json::json!({ "offered_pps": 1e300 }));
+        let e = fast.per_peer().unwrap_err().to_string();
+        assert!(e.contains("more than the cap"), "{e}");
+        let huge_cap = spec(serde_json::json!({ "sealed_max_mib": 1usize << 44 }));
+        let e = huge_cap.validate().unwrap_err().to_string();
+        assert!(e.contains("sealed-packet cap"), "{e}");
+        // Unlimited fills the cap: a cap past what this machine has is refused.
+        let all = spec(serde_json::json!({ "sealed_max_mib": MAX_SEALED_MIB }));
+        let e = all.per_peer().unwrap_err().to_string();
+        assert!(e.contains("half the memory"), "{e}");
+        assert!(storm::check(10, usize::MAX).is_err());
     }
 }

@@ -46,7 +46,7 @@ pub fn spawn(
 
 /// The storm peers' outer addresses must stay inside the sources' prefix.
 pub fn check(established: usize, storm: usize) -> Result<()> {
-    if storm > 0 && established + storm > MAX_PEERS {
+    if storm > 0 && storm > MAX_PEERS.saturating_sub(established) {
         return Err(format!(
             "star: {established} established and {storm} storming peers exceed {MAX_PEERS}"
         )
