@@ -23,7 +23,7 @@ use crate::fq_codel::Verdicts;
 use crate::inner::flow_hash;
 use crate::packet::{Packet, MAX_BATCH};
 use crate::peer::Peer;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
 
 /// Most packets the pump lets into a peer's ordered queue (counted until they are
@@ -100,11 +100,18 @@ pub fn enqueue(c: StageCtx<'_>, peer: &Arc<Peer>, packets: Vec<Packet>, now: u64
 /// has room. Never waits: if another thread holds the queues, that thread pumps again.
 /// The dequeue time is read once, when there is something to dequeue: a pump takes
 /// microseconds, CoDel's sojourns are milliseconds.
+///
+/// Race (no lost pump): a thread that finds the queues held sets `pump_again` and
+/// leaves; the holder reads it after unlocking. That is a store-buffer pattern between
+/// the flag and the lock, whose operations are not all SeqCst: the two fences make
+/// "the holder saw the flag, or the other thread took the lock" hold in the language's
+/// model, not only on x86 and ARMv8.
 pub fn pump(c: StageCtx<'_>, peer: &Arc<Peer>) {
     let mut now = None;
     let fq = &peer.tx_fq;
     loop {
         fq.pump_again.store(true, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
         let Some(mut q) = fq.try_lock() else {
             return;
         };
@@ -145,6 +152,7 @@ pub fn pump(c: StageCtx<'_>, peer: &Arc<Peer>) {
             }
         }
         drop(q);
+        fence(Ordering::SeqCst);
         record(c, &v);
         if !fq.pump_again.load(Ordering::SeqCst) {
             return;
