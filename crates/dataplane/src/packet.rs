@@ -161,8 +161,10 @@ pub struct BatchBody {
 pub struct Batch {
     pub keypair: Arc<Keypair>,
     done: AtomicBool,
-    /// Its packets' lengths when it was made: what it counts in its ordered queue's
-    /// bytes, unchanged by sealing or opening.
+    /// Its packets, and their lengths, when it was made: what it counts in its
+    /// ordered queue, unchanged by sealing or opening (or by a panic that dropped
+    /// them, `stages::run_crypt`).
+    count: usize,
     bytes: usize,
     body: Mutex<BatchBody>,
 }
@@ -172,6 +174,7 @@ impl Batch {
         Arc::new(Batch {
             keypair,
             done: AtomicBool::new(false),
+            count: packets.len(),
             bytes: packets.iter().map(|p| p.len).sum(),
             body: Mutex::new(BatchBody { packets }),
         })
@@ -203,7 +206,7 @@ impl Ordered for Batch {
         Batch::is_done(self)
     }
     fn packets(&self) -> usize {
-        self.len()
+        self.count
     }
     fn bytes(&self) -> usize {
         self.bytes

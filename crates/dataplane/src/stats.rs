@@ -230,6 +230,8 @@ counters! {
     /// a read, a handshake message), and the pipeline goes on (`stages::run_crypt`,
     /// `run_serial`, `contained`).
     stage_panics,
+    /// Packets of batches whose seal or open panicked, dropped with them.
+    crypt_panic_dropped,
 }
 
 /// The counters that count a packet or message dropped, by reason: the daemon's
@@ -259,6 +261,7 @@ pub const DROP_REASONS: &[&str] = &[
     "handshake_failed",
     "cookie_replies_unsent",
     "cookie_replies_refused",
+    "crypt_panic_dropped",
 ];
 
 /// Buckets of [`Counters::serial_packets_hist`]: 0, 1, 2–3, … 512–1023, 1024 and more.
