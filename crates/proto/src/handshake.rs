@@ -256,8 +256,12 @@ impl Handshake {
         self.psk = psk;
     }
 
-    /// Our private key changed: forget the precomputed secret and any initiation in flight.
+    /// Our private key changed: forget the precomputed secret (wiped, not only let go)
+    /// and any initiation in flight.
     pub fn local_identity_changed(&mut self) -> Option<u32> {
+        if let Some(ss) = self.static_static.as_mut() {
+            ss.zeroize();
+        }
         self.static_static = None;
         self.clear()
     }

@@ -46,6 +46,19 @@ pub struct Keypair {
     replay: Mutex<Option<Box<ReplayWindow>>>,
 }
 
+/// The keys are wiped when the last holder lets go (a rotation, the key-zeroing timer,
+/// a removed peer), as the kernel frees keypairs with `kfree_sensitive`: freed
+/// unwiped, they stayed in the heap after the session they protected was over. The
+/// AEAD library's prepared copies ([`Keypair::sealer`], [`Keypair::opener`]) live for
+/// one batch.
+impl Drop for Keypair {
+    fn drop(&mut self) {
+        use zeroize::Zeroize;
+        self.send.zeroize();
+        self.recv.zeroize();
+    }
+}
+
 impl Keypair {
     pub fn new(keys: &SessionKeys, created: Duration) -> Self {
         Keypair {
@@ -178,6 +191,23 @@ impl Keypair {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Dropped, a keypair leaves no key behind in its memory.
+    #[test]
+    fn a_dropped_keypair_wipes_its_keys() {
+        let mut slot = std::mem::MaybeUninit::new(keypair());
+        // SAFETY: the slot holds a live keypair, dropped once here; afterwards only its
+        // two plain byte arrays are read, which drop leaves initialised.
+        let (send, recv) = unsafe {
+            std::ptr::drop_in_place(slot.as_mut_ptr());
+            let p = slot.as_ptr();
+            (
+                std::ptr::addr_of!((*p).send).read(),
+                std::ptr::addr_of!((*p).recv).read(),
+            )
+        };
+        assert_eq!((send, recv), ([0; 32], [0; 32]));
+    }
 
     fn keypair() -> Keypair {
         let keys = SessionKeys {

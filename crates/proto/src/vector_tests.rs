@@ -207,6 +207,87 @@ fn noise_ikpsk2_blake2s() {
     }
 }
 
+/// Hands out one fixed 32-byte value: the ephemeral seed a handshake step draws.
+struct FixedSeed([u8; 32]);
+
+impl rand_core::RngCore for FixedSeed {
+    fn next_u32(&mut self) -> u32 {
+        unimplemented!("a handshake step draws its seed with fill_bytes")
+    }
+    fn next_u64(&mut self) -> u64 {
+        unimplemented!("a handshake step draws its seed with fill_bytes")
+    }
+    fn fill_bytes(&mut self, dest: &mut [u8]) {
+        dest.copy_from_slice(&self.0[..dest.len()]);
+    }
+    fn try_fill_bytes(&mut self, dest: &mut [u8]) -> Result<(), rand_core::Error> {
+        self.fill_bytes(dest);
+        Ok(())
+    }
+}
+
+/// The handshake the daemon runs (`Handshake`, both sides, with its own prologue, the
+/// WireGuard identifier, and a TAI64N timestamp as the first payload) gives the same
+/// messages and transport keys as the Noise vector's reference run with those inputs:
+/// the vector pins the production path, not only its own re-implementation.
+#[test]
+fn the_production_handshake_matches_the_noise_vector() {
+    use crate::handshake::{consume_initiation_phase1, tai64n, Handshake, IDENTIFIER};
+    use crate::LocalIdentity;
+    let v = blocks(include_str!("../tests/vectors/noise_ikpsk2.txt"));
+    let b = &v[0];
+    let (init_static, resp_static) = (h32(&b["init_static"]), h32(&b["resp_static"]));
+    let psk = h32(&b["psk"]);
+    let wall = std::time::Duration::from_secs(1_795_000_000);
+    let reference = noise_vector::run(
+        IDENTIFIER,
+        init_static,
+        h32(&b["init_ephemeral"]),
+        resp_static,
+        h32(&b["resp_ephemeral"]),
+        psk,
+        &tai64n(wall),
+        &[],
+    );
+
+    let (me, them) = (
+        LocalIdentity::new(init_static),
+        LocalIdentity::new(resp_static),
+    );
+    let mut initiator = Handshake::new(them.public, psk);
+    let (init, _) = initiator
+        .create_initiation(&me, 1, wall, &mut FixedSeed(h32(&b["init_ephemeral"])))
+        .unwrap();
+    let mut sent = init.ephemeral.to_vec();
+    sent.extend(init.encrypted_static);
+    sent.extend(init.encrypted_timestamp);
+    assert_eq!(sent, reference.msg0, "the initiation");
+
+    let phase1 = consume_initiation_phase1(&them, &init).unwrap();
+    assert_eq!(phase1.remote_static, me.public);
+    let mut responder = Handshake::new(me.public, psk);
+    let (resp, resp_keys, _) = responder
+        .consume_initiation_and_respond(
+            &them,
+            phase1,
+            2,
+            wall,
+            &mut FixedSeed(h32(&b["resp_ephemeral"])),
+        )
+        .unwrap();
+    let mut answered = resp.ephemeral.to_vec();
+    answered.extend(resp.encrypted_nothing);
+    assert_eq!(answered, reference.msg1, "the response");
+
+    let init_keys = initiator.consume_response(&me, &resp).unwrap();
+    assert_eq!(init_keys.send, reference.initiator_send);
+    assert_eq!(init_keys.recv, reference.initiator_recv);
+    assert_eq!(
+        (resp_keys.send, resp_keys.recv),
+        (reference.initiator_recv, reference.initiator_send)
+    );
+}
+
 #[test]
 fn kdf_matches_hkdf_definition() {
     // KDF_n is HKDF over HMAC: check the chaining rule against hmac() directly.
