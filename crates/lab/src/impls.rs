@@ -79,6 +79,13 @@ pub const WIRELANE: Impl = Impl::Wirelane(Flavor {
     scraped: false,
 });
 
+/// Every implementation's tunnel MTU in the lab: wg-quick's over an Ethernet MTU of
+/// 1,500 (80 bytes for the outer IPv6, UDP and WireGuard headers). Set explicitly:
+/// the kernel, wireguard-go and wirelane default to it, but boringtun leaves its TUN
+/// at Linux's 1,500, where its outer datagrams (1,560 bytes) are fragmented on the
+/// 1,500-byte link and its TCP runs with a larger MSS.
+pub const TUNNEL_MTU: u16 = 1420;
+
 pub const ALL: [Impl; 5] = [
     WIRELANE,
     Impl::WireguardGo,
@@ -661,13 +668,14 @@ impl Tunnel {
                 let other = 1 - i;
                 let r = host.ns.run(&format!(
                     "wg set {if_} private-key {kf} listen-port {port} peer {pk} endpoint {ep} allowed-ips {ip}/32 \
-                     && ip addr add {me}/24 dev {if_} && ip link set {if_} up",
+                     && ip addr add {me}/24 dev {if_} && ip link set {if_} mtu {mtu} up",
                     if_ = d.ifname,
                     kf = keyfile.display(),
                     pk = keys[other].1,
                     ep = sends_to,
                     ip = inner[other],
                     me = inner[i],
+                    mtu = TUNNEL_MTU,
                 ));
                 let _ = std::fs::remove_file(&keyfile);
                 r?;

@@ -262,8 +262,9 @@ pub fn configure_tunnel(pair: &Pair, a: &Daemon, b: &Daemon, i: u8) -> IpAddr {
     }
     for (ns, d, host) in [(&pair.a, a, 1), (&pair.b, b, 2)] {
         ns.run_ok(&format!(
-            "ip addr add 10.80.{i}.{host}/24 dev {0} && ip link set {0} up",
-            d.ifname
+            "ip addr add 10.80.{i}.{host}/24 dev {0} && ip link set {0} mtu {1} up",
+            d.ifname,
+            crate::impls::TUNNEL_MTU
         ));
     }
     format!("10.80.{i}.2").parse().unwrap()

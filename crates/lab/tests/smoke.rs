@@ -144,3 +144,32 @@ fn bad_matrix_is_a_clear_error() {
     assert_eq!(o.status.code(), Some(1));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Every implementation's tunnel runs at the same MTU, 1,420: boringtun left its TUN at
+/// 1,500, where its outer datagrams were fragmented on the lab's 1,500-byte links.
+#[test]
+fn every_implementation_gets_the_same_tunnel_mtu() {
+    use wirelane_lab::impls::{Impl, Tunnel, TUNNEL_MTU, WIRELANE};
+    use wirelane_lab::relay::Impairment;
+    use wirelane_lab::topology::{Testbed, Topology};
+    for which in [WIRELANE, Impl::WireguardGo, Impl::Boringtun] {
+        if let Err(why) = which.available() {
+            panic!("{}: {why} (scripts/install-deps.sh installs it)", which.name());
+        }
+        let bed = Testbed::build(Topology::Pair, Impairment::default()).unwrap();
+        let tun = Tunnel::up(which, &bed).unwrap();
+        for (host, d) in bed.hosts.iter().zip(&tun.daemons) {
+            let shown = host
+                .ns
+                .run(&format!("cat /sys/class/net/{}/mtu", d.ifname))
+                .unwrap();
+            assert_eq!(
+                shown.trim(),
+                TUNNEL_MTU.to_string(),
+                "{}: {}",
+                which.name(),
+                d.ifname
+            );
+        }
+    }
+}

@@ -184,7 +184,10 @@ pub fn configure_gateway(
                  net.ipv6.conf.{tun}.accept_ra=0"
             ));
         }
-        script.push(format!("ip link set {tun} up"));
+        script.push(format!(
+            "ip link set {tun} mtu {} up",
+            crate::impls::TUNNEL_MTU
+        ));
         // Every tunnel has the gateway's inner addresses, as each of a concentrator's
         // interfaces would: the sink's, and the transmit sender's source.
         if family.has_v4() {
