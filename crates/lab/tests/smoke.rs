@@ -154,7 +154,10 @@ fn every_implementation_gets_the_same_tunnel_mtu() {
     use wirelane_lab::topology::{Testbed, Topology};
     for which in [WIRELANE, Impl::WireguardGo, Impl::Boringtun] {
         if let Err(why) = which.available() {
-            panic!("{}: {why} (scripts/install-deps.sh installs it)", which.name());
+            panic!(
+                "{}: {why} (scripts/install-deps.sh installs it)",
+                which.name()
+            );
         }
         let bed = Testbed::build(Topology::Pair, Impairment::default()).unwrap();
         let tun = Tunnel::up(which, &bed).unwrap();

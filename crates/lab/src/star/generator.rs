@@ -21,7 +21,9 @@ use crate::workload::udp::SeqTracker;
 use crate::Result;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant, SystemTime};
-use wirelane_io::udp::{RecvBatch, UdpSocket, GSO_MAX_BYTES, GSO_MAX_SEGMENTS, NOT_ECT};
+use wirelane_io::udp::{
+    socket_drops, RecvBatch, UdpSocket, GSO_MAX_BYTES, GSO_MAX_SEGMENTS, NOT_ECT,
+};
 use wirelane_proto::messages::TRANSPORT_HEADER_LEN;
 
 /// The first emulated peer's UDP port; peer i uses FIRST_PORT + i.
@@ -103,6 +105,14 @@ impl Sealed {
     pub fn packets(&self) -> usize {
         self.per_peer.len() * self.per_peer_count
     }
+
+    /// When the last burst is scheduled, after the phase's start: what the pacing
+    /// plans (whole bursts per peer, so it may run past the phase asked for); zero
+    /// when unlimited.
+    pub fn last_scheduled(&self) -> std::time::Duration {
+        let bursts = self.bursts().saturating_sub(1) as u64;
+        std::time::Duration::from_nanos(bursts.saturating_mul(self.burst_interval_ns))
+    }
 }
 
 #[derive(Debug, Clone, Default)]
@@ -134,6 +144,10 @@ pub struct ReceiveReport {
     pub first: Option<Instant>,
     pub last: Option<Instant>,
     pub cpu_s: f64,
+    /// Drop events the kernel counted at the peers' own sockets (their receive
+    /// buffers full while the generator was not running): losses of the generator,
+    /// not of the gateway.
+    pub socket_drops: u64,
 }
 
 /// A peer's new session became current: its counters start afresh, and the current
@@ -491,6 +505,13 @@ impl Generator {
         let mut scratch = vec![0u8; 65536];
         let mut last_retry_scan = Instant::now();
         let mut confirms = Vec::new();
+        let drops = |socks: &[UdpSocket]| -> u64 {
+            socks
+                .iter()
+                .map(|s| u64::from(socket_drops(s.fd()).unwrap_or(0)))
+                .sum()
+        };
+        let drops0 = drops(&self.socks);
         while Instant::now() < limit {
             let idle = r.last.is_none_or(|l| l.elapsed() >= quiet);
             if stop.load(Ordering::Acquire) && idle {
@@ -572,6 +593,7 @@ impl Generator {
         }
         r.sample_unique = inner_seqs.iter().map(|t| t.unique).sum();
         r.cpu_s = thread_cpu_s() - cpu0;
+        r.socket_drops = drops(&self.socks).saturating_sub(drops0);
         Ok(r)
     }
 }
@@ -589,4 +611,31 @@ fn the_peers_packet(
     let len = g.peers[peer].open(session, counter, msg)?;
     let (dst, stamp) = inner::read_packet(&msg[TRANSPORT_HEADER_LEN..TRANSPORT_HEADER_LEN + len])?;
     (inner::peer_of(dst) == Some(peer) && stamp.peer as usize == peer).then_some(stamp.seq)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Sealed;
+    use std::time::Duration;
+
+    /// The pacing's last burst: whole bursts per peer, so 46 packets a peer in bursts
+    /// of 45 take two bursts each, and the schedule runs past the phase asked for.
+    #[test]
+    fn the_last_burst_is_where_the_schedule_puts_it() {
+        let sealed = Sealed {
+            first_peer: 0,
+            per_peer: vec![Vec::new(); 100],
+            outer_len: 1452,
+            per_peer_count: 90,
+            burst: 45,
+            burst_interval_ns: 1_000_000,
+        };
+        assert_eq!(sealed.bursts(), 200);
+        assert_eq!(sealed.last_scheduled(), Duration::from_millis(199));
+        let unlimited = Sealed {
+            burst_interval_ns: 0,
+            ..sealed
+        };
+        assert_eq!(unlimited.last_scheduled(), Duration::ZERO);
+    }
 }

@@ -36,6 +36,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, OnceLock};
 use std::time::{Duration, Instant};
+use wirelane_proto::keypair::REJECT_AFTER_TIME;
 
 const GATEWAY_OUTER: Ipv4Addr = Ipv4Addr::new(192, 168, 90, 1);
 const GENERATOR_OUTER: &str = "192.168.90.2/24";
@@ -77,7 +78,9 @@ pub struct StarRecord {
     /// the gateway, between its socket and its TUN write (`lost_in_gateway`, packets),
     /// of which the kernel counted `gateway_socket_drops` drop events at the socket (a
     /// socket that takes GSO bursts whole counts a dropped burst once); lost between
-    /// the TUN write and the sink; dropped at the sink's socket. Tx:
+    /// the TUN write and the sink (`lost_after_gateway`, packets), of which the sink's
+    /// socket counted `sink_socket_drops` drop events (a coalesced super-packet, as
+    /// wirelane writes them, counts once). Tx:
     /// `gateway_socket_drops` are the TUN queue's drops (the sender outran the
     /// gateway), `lost_in_gateway` what left the TUN queue but reached no peer.
     pub unsent: u64,
@@ -85,6 +88,10 @@ pub struct StarRecord {
     pub lost_in_gateway: u64,
     pub lost_after_gateway: u64,
     pub sink_socket_drops: u64,
+    /// Tx: drop events at the emulated peers' own sockets, within `lost_in_gateway`
+    /// (the generator's loss, not the gateway's, when it was starved of the CPU).
+    #[serde(default)]
+    pub generator_socket_drops: u64,
     pub reordered: u64,
     pub duplicates: u64,
     pub corrupted: u64,
@@ -310,8 +317,13 @@ fn measure(which: Impl, spec: &StarSpec, rec: &mut StarRecord) -> Result<()> {
         let source =
             (!gen_spec.shared_source).then_some(&peer_source as &dyn Fn(usize) -> Ipv4Addr);
         let mut g = Generator::new(peers, &gateway, source)?;
-        let limit =
-            Duration::from_secs(30) + Duration::from_secs_f64(gen_spec.peers as f64 / 500.0);
+        // No session is older than this: the phase must end before the first ones
+        // expire (REJECT_AFTER_TIME), or the gateway refuses their last packets.
+        let sessions_from = Instant::now();
+        // 30 s, and the time to send every initiation at the pacing rate (at least
+        // 500/s: an unpaced storm is answered about that fast here).
+        let rate = gen_spec.handshake_rate.map_or(500.0, |r| r.min(500.0));
+        let limit = Duration::from_secs(30) + Duration::from_secs_f64(gen_spec.peers as f64 / rate);
         let hs = g.handshake(gen_spec.handshake_rate, limit)?;
         g.keepalive()?;
         let plan = |peers: std::ops::Range<usize>, per_peer, pps, max_burst| SealPlan {
@@ -339,6 +351,21 @@ fn measure(which: Impl, spec: &StarSpec, rec: &mut StarRecord) -> Result<()> {
         };
         match sealed {
             Some(s) => {
+                let ends = t0
+                    + s.last_scheduled()
+                        .max(Duration::from_secs_f64(gen_spec.seconds));
+                let expire = sessions_from + REJECT_AFTER_TIME - Duration::from_secs(2);
+                if ends > expire {
+                    return Err(format!(
+                        "star: the phase would end {:.1} s after the first sessions began, \
+                         past their {} s lifetime: shorten it (the handshakes and the \
+                         sealing took {:.1} s before it)",
+                        (ends - sessions_from).as_secs_f64(),
+                        REJECT_AFTER_TIME.as_secs(),
+                        (t0 - sessions_from).as_secs_f64()
+                    )
+                    .into());
+                }
                 let send_limit =
                     Duration::from_secs_f64(gen_spec.seconds) * 2 + Duration::from_secs(5);
                 let (heavy_sent, light_sent) = std::thread::scope(|scope| {
@@ -499,9 +526,9 @@ fn measure(which: Impl, spec: &StarSpec, rec: &mut StarRecord) -> Result<()> {
             } else {
                 rec.delivered = s.unique;
                 rec.sink_socket_drops = s.socket_drops;
-                rec.lost_after_gateway = written
-                    .saturating_sub(s.received)
-                    .saturating_sub(s.socket_drops);
+                // Drop events, not packets: subtracted, a dropped super-packet of k
+                // packets would leave k - 1 of them counted nowhere.
+                rec.lost_after_gateway = written.saturating_sub(s.received);
             }
             rec.reordered = s.reordered;
             rec.duplicates = s.duplicates;
@@ -535,6 +562,7 @@ fn measure(which: Impl, spec: &StarSpec, rec: &mut StarRecord) -> Result<()> {
             rec.delivered = once;
             rec.tunnel_delivered = per_tunnel(&r.per_peer, tunnels);
             rec.lost_in_gateway = counters.tun_tx.saturating_sub(once);
+            rec.generator_socket_drops = r.socket_drops;
             rec.gateway_socket_drops = counters.tun_tx_dropped;
             rec.duplicates = r.duplicates;
             rec.reordered = r.reordered;

@@ -268,6 +268,12 @@ impl StarSpec {
                 );
             }
         }
+        if self
+            .handshake_rate
+            .is_some_and(|r| !(r.is_finite() && r >= 1.0))
+        {
+            return Err("star: the handshake rate must be at least 1 per second".into());
+        }
         if self.sample_every == 0 {
             return Err("star: sample_every must be at least 1".into());
         }
