@@ -279,6 +279,9 @@ fn measure(which: Impl, spec: &StarSpec, rec: &mut StarRecord) -> Result<()> {
     // The sink (receive) listens before any traffic.
     let t0: Arc<OnceLock<Instant>> = Arc::default();
     let stop = Arc::new(AtomicBool::new(false));
+    // Whatever way this run ends, its sink, storm and samplers are told to stop: an
+    // error that returned early left them running into the next run.
+    let _stop_on_return = StopOnDrop(stop.clone());
     let limit = Duration::from_secs_f64(spec.seconds) + Duration::from_secs(30);
     let sink = (spec.way == Way::Rx).then(|| {
         let (ready_tx, ready_rx) = mpsc::channel();
@@ -651,4 +654,13 @@ enum GeneratorOutcome {
     Received(generator::ReceiveReport),
     /// The run was called off before its timed phase.
     CalledOff,
+}
+
+/// Sets its flag when dropped.
+struct StopOnDrop(Arc<AtomicBool>);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Release);
+    }
 }
