@@ -64,6 +64,35 @@ impl Impairment {
     }
 }
 
+/// Each relay socket's send and receive buffer.
+const RELAY_BUFFER_BYTES: libc::c_int = 7 << 20;
+
+/// Sets both buffers past the system's maximum (`SO_*BUFFORCE`, root), or as far as
+/// it allows.
+fn force_buffers(sock: &UdpSocket, bytes: libc::c_int) {
+    use std::os::fd::AsRawFd;
+    for (forced, plain) in [
+        (libc::SO_RCVBUFFORCE, libc::SO_RCVBUF),
+        (libc::SO_SNDBUFFORCE, libc::SO_SNDBUF),
+    ] {
+        for opt in [forced, plain] {
+            // SAFETY: setsockopt reads one int from the pointer we pass.
+            let r = unsafe {
+                libc::setsockopt(
+                    sock.as_raw_fd(),
+                    libc::SOL_SOCKET,
+                    opt,
+                    (&bytes as *const libc::c_int).cast(),
+                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+                )
+            };
+            if r == 0 {
+                break;
+            }
+        }
+    }
+}
+
 /// Per-direction counters.
 #[derive(Debug, Default)]
 pub struct Counters {
@@ -71,8 +100,13 @@ pub struct Counters {
     pub forwarded: AtomicU64,
     pub dropped: AtomicU64,
     pub duplicated: AtomicU64,
+    /// Datagrams held back on purpose to reorder them. Jitter reorders too (a later
+    /// datagram drawn a shorter delay overtakes), which this does not count.
     pub reordered: AtomicU64,
     pub corrupted: AtomicU64,
+    /// Datagrams the relay meant to forward but its socket refused: its own loss,
+    /// not the impairment's.
+    pub send_failed: AtomicU64,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
@@ -83,6 +117,8 @@ pub struct CounterSnapshot {
     pub duplicated: u64,
     pub reordered: u64,
     pub corrupted: u64,
+    #[serde(default)]
+    pub send_failed: u64,
 }
 
 impl CounterSnapshot {
@@ -95,6 +131,7 @@ impl CounterSnapshot {
             duplicated: self.duplicated - earlier.duplicated,
             reordered: self.reordered - earlier.reordered,
             corrupted: self.corrupted - earlier.corrupted,
+            send_failed: self.send_failed - earlier.send_failed,
         }
     }
 }
@@ -109,6 +146,7 @@ impl Counters {
             duplicated: g(&self.duplicated),
             reordered: g(&self.reordered),
             corrupted: g(&self.corrupted),
+            send_failed: g(&self.send_failed),
         }
     }
 }
@@ -216,6 +254,10 @@ impl Relay {
                     let sb = UdpSocket::bind(listen_b)?;
                     for sk in [&sa, &sb] {
                         sk.set_nonblocking(true)?;
+                        // Buffers for bursts at line rate: with the defaults (about
+                        // 200 KiB) the relay's own socket could overflow, a loss the
+                        // impaired cell would charge to the tunnel.
+                        force_buffers(sk, RELAY_BUFFER_BYTES);
                     }
                     Ok((Side { sock: sa, dest: a }, Side { sock: sb, dest: b }))
                 })();
@@ -443,9 +485,11 @@ fn run(
             } else {
                 (&sa.sock, sa.dest, c_ba)
             };
-            if sock.send_to(&p.data, dest).is_ok() {
-                counters.forwarded.fetch_add(1, Ordering::Relaxed);
-            }
+            let counter = match sock.send_to(&p.data, dest) {
+                Ok(_) => &counters.forwarded,
+                Err(_) => &counters.send_failed,
+            };
+            counter.fetch_add(1, Ordering::Relaxed);
         }
     }
 }
