@@ -61,24 +61,7 @@ const PEER_BYTES: u64 = 8 << 10;
 /// use holds at [`PEER_BYTES`] a peer, at most the kernel's bound. The other half is
 /// for packets, sockets and the rest.
 pub fn peer_limit(asked: Option<usize>) -> usize {
-    let limit = match (asked, wirelane_io::memory::memory_limit()) {
-        (Some(n), _) => n,
-        (None, Ok(m)) => {
-            let n = (m.bytes / 2 / PEER_BYTES) as usize;
-            tracing::debug!(
-                peers = n,
-                memory = m.bytes,
-                source = m.source,
-                "peer limit from memory"
-            );
-            n
-        }
-        (None, Err(e)) => {
-            tracing::warn!(error = %e, "cannot tell the memory limit; peers limited only by the kernel's bound");
-            MAX_PEERS_PER_INTERFACE
-        }
-    };
-    limit.min(MAX_PEERS_PER_INTERFACE)
+    limit_from_memory(asked, 2, PEER_BYTES, MAX_PEERS_PER_INTERFACE, "peers")
 }
 
 /// What one AllowedIPs prefix may cost, at most, for the default limit: measured
@@ -89,12 +72,44 @@ const PREFIX_BYTES: u64 = 512;
 /// memory the process may use holds at [`PREFIX_BYTES`] a prefix (the peers' half
 /// counts their state at four times its measured cost), at most the hard bound.
 pub fn allowed_ip_limit(asked: Option<usize>) -> usize {
+    limit_from_memory(
+        asked,
+        4,
+        PREFIX_BYTES,
+        MAX_ALLOWED_IPS_PER_INTERFACE,
+        "allowed IPs",
+    )
+}
+
+/// `asked`, or how many things of `unit_bytes` each a `1/share` of the memory the
+/// process may use holds; at most `bound`, which is also the limit when the memory
+/// cannot be told.
+fn limit_from_memory(
+    asked: Option<usize>,
+    share: u64,
+    unit_bytes: u64,
+    bound: usize,
+    what: &str,
+) -> usize {
     let limit = match (asked, wirelane_io::memory::memory_limit()) {
         (Some(n), _) => n,
-        (None, Ok(m)) => (m.bytes / 4 / PREFIX_BYTES) as usize,
-        (None, Err(_)) => MAX_ALLOWED_IPS_PER_INTERFACE,
+        (None, Ok(m)) => {
+            let n = (m.bytes / share / unit_bytes) as usize;
+            tracing::debug!(
+                what,
+                limit = n,
+                memory = m.bytes,
+                source = m.source,
+                "limit from memory"
+            );
+            n
+        }
+        (None, Err(e)) => {
+            tracing::warn!(error = %e, what, bound, "cannot tell the memory limit; limited only by the hard bound");
+            bound
+        }
     };
-    limit.min(MAX_ALLOWED_IPS_PER_INTERFACE)
+    limit.min(bound)
 }
 
 /// Creates the interface, sockets and UAPI socket of tunnel `ifname`, refusing a name
