@@ -125,20 +125,9 @@ fn accept_loop(listener: &TcpListener, stopping: &AtomicBool, render: Render) {
 }
 
 /// Reads and drops what the client sent, until it closes, [`MAX_HEAD`] bytes, or `wait`.
-fn drain(mut stream: &TcpStream, wait: Duration) {
-    let deadline = Instant::now() + wait;
-    let mut chunk = [0u8; 1024];
-    let mut taken = 0;
-    while taken < MAX_HEAD {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() || stream.set_read_timeout(Some(left)).is_err() {
-            return;
-        }
-        match stream.read(&mut chunk) {
-            Ok(0) | Err(_) => return,
-            Ok(n) => taken += n,
-        }
-    }
+fn drain(stream: &TcpStream, wait: Duration) {
+    let mut pending = Timed::new(stream, wait, wait).take(MAX_HEAD as u64);
+    let _ = io::copy(&mut pending, &mut io::sink());
 }
 
 /// What a request head asks for.
