@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::net::{SocketAddr, UdpSocket};
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -61,35 +62,6 @@ impl Impairment {
 
     pub fn is_none(&self) -> bool {
         *self == Impairment::default()
-    }
-}
-
-/// Each relay socket's send and receive buffer.
-const RELAY_BUFFER_BYTES: libc::c_int = 7 << 20;
-
-/// Sets both buffers past the system's maximum (`SO_*BUFFORCE`, root), or as far as
-/// it allows.
-fn force_buffers(sock: &UdpSocket, bytes: libc::c_int) {
-    use std::os::fd::AsRawFd;
-    for (forced, plain) in [
-        (libc::SO_RCVBUFFORCE, libc::SO_RCVBUF),
-        (libc::SO_SNDBUFFORCE, libc::SO_SNDBUF),
-    ] {
-        for opt in [forced, plain] {
-            // SAFETY: setsockopt reads one int from the pointer we pass.
-            let r = unsafe {
-                libc::setsockopt(
-                    sock.as_raw_fd(),
-                    libc::SOL_SOCKET,
-                    opt,
-                    (&bytes as *const libc::c_int).cast(),
-                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-                )
-            };
-            if r == 0 {
-                break;
-            }
-        }
     }
 }
 
@@ -254,10 +226,11 @@ impl Relay {
                     let sb = UdpSocket::bind(listen_b)?;
                     for sk in [&sa, &sb] {
                         sk.set_nonblocking(true)?;
-                        // Buffers for bursts at line rate: with the defaults (about
-                        // 200 KiB) the relay's own socket could overflow, a loss the
-                        // impaired cell would charge to the tunnel.
-                        force_buffers(sk, RELAY_BUFFER_BYTES);
+                        // The daemons' buffers, for bursts at line rate: with the
+                        // defaults (about 200 KiB) the relay's own socket could
+                        // overflow, a loss the impaired cell would charge to the tunnel.
+                        use wirelane_io::udp::{force_buffers, SOCKET_BUFFER};
+                        force_buffers(sk.as_raw_fd(), SOCKET_BUFFER);
                     }
                     Ok((Side { sock: sa, dest: a }, Side { sock: sb, dest: b }))
                 })();

@@ -59,6 +59,20 @@ pub const GSO_MAX_SEGMENTS: usize = 64;
 /// Most bytes one GSO send may carry.
 pub const GSO_MAX_BYTES: usize = 65507;
 
+/// Sets a socket's receive and send buffers to `bytes`: forced past the system's
+/// maximum where allowed (CAP_NET_ADMIN), else as far as the maximum lets them go.
+pub fn force_buffers(fd: RawFd, bytes: usize) {
+    let size = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX);
+    for (force, plain) in [
+        (libc::SO_RCVBUFFORCE, libc::SO_RCVBUF),
+        (libc::SO_SNDBUFFORCE, libc::SO_SNDBUF),
+    ] {
+        if setsockopt_int(fd, libc::SOL_SOCKET, force, size).is_err() {
+            let _ = setsockopt_int(fd, libc::SOL_SOCKET, plain, size);
+        }
+    }
+}
+
 fn setsockopt_int(
     fd: RawFd,
     level: libc::c_int,
@@ -170,16 +184,7 @@ impl UdpSocket {
         // Each datagram's arrival time: where its sojourn starts (the receive side's
         // queue controller measures it from here, see the dataplane's `codel`).
         setsockopt_int(raw, libc::SOL_SOCKET, libc::SO_TIMESTAMPNS, 1)?;
-        // Forced sizes need CAP_NET_ADMIN; fall back to the capped ones without it.
-        for (force, plain) in [
-            (libc::SO_RCVBUFFORCE, libc::SO_RCVBUF),
-            (libc::SO_SNDBUFFORCE, libc::SO_SNDBUF),
-        ] {
-            let size = SOCKET_BUFFER as libc::c_int;
-            if setsockopt_int(raw, libc::SOL_SOCKET, force, size).is_err() {
-                let _ = setsockopt_int(raw, libc::SOL_SOCKET, plain, size);
-            }
-        }
+        force_buffers(raw, SOCKET_BUFFER);
         if reuse_port {
             setsockopt_int(raw, libc::SOL_SOCKET, libc::SO_REUSEPORT, 1)?;
         }
