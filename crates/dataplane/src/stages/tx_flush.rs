@@ -183,14 +183,10 @@ fn send_flushes(c: StageCtx<'_>, flushes: &[Flush]) -> Vec<Sent> {
     for (sock, out, owners) in &lanes {
         let mut sent = vec![false; out.len()];
         send_all(&***sock, out, &mut sent);
-        let unsent = sent.iter().filter(|ok| !**ok).count();
-        if unsent > 0 {
-            dev.stats
-                .tx_send_failed
-                .fetch_add(unsent as u64, Ordering::Relaxed);
-        }
+        let mut unsent = 0;
         for ((d, &(k, arrival)), ok) in out.iter().zip(owners).zip(sent) {
             if !ok {
+                unsent += 1;
                 continue;
             }
             let t = &mut totals[k];
@@ -201,6 +197,11 @@ fn send_flushes(c: StageCtx<'_>, flushes: &[Flush]) -> Vec<Sent> {
             if arrival != 0 {
                 sojourns.add(arrival, now);
             }
+        }
+        if unsent > 0 {
+            dev.stats
+                .tx_send_failed
+                .fetch_add(unsent, Ordering::Relaxed);
         }
     }
     dev.stats.record_tx_sojourns(&sojourns);
