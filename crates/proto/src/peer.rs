@@ -60,15 +60,23 @@ pub enum Output {
     },
     /// Send this handshake response to the peer's endpoint.
     Handshake(Vec<u8>),
-    /// A session is usable: send the staged packets; if none are staged and
-    /// `keepalive_if_empty`, send a keepalive to confirm the session.
+    /// Send the staged packets; if none are staged and `keepalive_if_empty`, a
+    /// keepalive (through the normal transmit path). Asked for when a session became
+    /// usable, and for every keepalive ([`Output::keepalive`]): staged packets serve
+    /// as one (the kernel's rule); stacked on them, each retry's keepalive was staged
+    /// too, crowding out data.
     SendStaged { keepalive_if_empty: bool },
-    /// Send one keepalive (through the normal transmit path), unless packets are
-    /// staged: they go instead, and serve as one (the kernel's rule). Stacked on them,
-    /// each retry's keepalive would be staged too, crowding out data.
-    Keepalive,
     /// Handshake attempts ran out: drop the staged packets.
     DropStaged,
+}
+
+impl Output {
+    /// A keepalive, unless packets are staged: they go instead.
+    pub fn keepalive() -> Output {
+        Output::SendStaged {
+            keepalive_if_empty: true,
+        }
+    }
 }
 
 pub struct PeerState {
@@ -478,7 +486,7 @@ impl PeerState {
             }
         }
         if fired.send_keepalive {
-            out.push(Output::Keepalive);
+            out.push(Output::keepalive());
             if self.timers.need_another_keepalive {
                 self.timers.need_another_keepalive = false;
                 self.timers.send_keepalive = Some(ctx.now + KEEPALIVE_TIMEOUT);
@@ -491,7 +499,7 @@ impl PeerState {
             self.zero_key_material(ctx);
         }
         if fired.persistent_keepalive {
-            out.push(Output::Keepalive);
+            out.push(Output::keepalive());
         }
     }
 
@@ -525,7 +533,7 @@ impl PeerState {
         if secs == 0 {
             self.timers.persistent_keepalive = None;
         } else if turned_on {
-            out.push(Output::Keepalive);
+            out.push(Output::keepalive());
         }
     }
 }

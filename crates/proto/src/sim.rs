@@ -208,7 +208,6 @@ impl Sim {
                 Output::SendStaged { keepalive_if_empty } => {
                     self.send_staged(i, keepalive_if_empty)
                 }
-                Output::Keepalive => self.send_staged(i, true),
                 Output::DropStaged => self.nodes[i].staged.clear(),
             }
         }

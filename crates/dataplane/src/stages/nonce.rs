@@ -80,7 +80,6 @@ fn carry_out(c: StageCtx<'_>, peer: &Arc<Peer>, outs: Vec<Output>) {
             }
             Output::Handshake(bytes) => send_to_peer(c, peer, &bytes),
             Output::SendStaged { keepalive_if_empty } => send_staged(c, peer, keepalive_if_empty),
-            Output::Keepalive => send_staged(c, peer, true),
             Output::DropStaged => {
                 let n = peer.take_staged().len();
                 c.iface
