@@ -135,6 +135,9 @@ counters! {
     tx_send_failed,
     /// Datagrams that are not WireGuard messages at all.
     rx_malformed,
+    /// Receives the kernel cut short (a coalesced run longer than the reader's
+    /// buffer): the datagrams past the buffer are lost, uncounted elsewhere.
+    rx_truncated,
     /// Transport messages for an unknown receiver index or an expired keypair, and
     /// cookie replies for an unknown receiver index.
     rx_unknown_index,

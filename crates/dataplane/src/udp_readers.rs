@@ -39,6 +39,7 @@ use crate::sockets::SocketRole;
 use crate::stages::{self, gate::Replies, udp_recv, udp_recv::RecvScratch, StageCtx};
 use crate::threads::{self, Registry};
 use std::os::fd::RawFd;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use wirelane_io::poll::Waker;
 
@@ -187,6 +188,10 @@ fn read_loop(set: &Set<Watched>, sched: &dyn Scheduler, role: SocketRole, v6: bo
                     let classified = || stages::classify::classify(c, packets, &mut replies);
                     if stages::contained(&iface, "udp receive", classified).is_none() {
                         replies = Replies::default();
+                    }
+                    let cut = scratch.truncated() as u64;
+                    if cut > 0 {
+                        iface.stats.rx_truncated.fetch_add(cut, Ordering::Relaxed);
                     }
                     if let (Some(ctl), Some(oldest)) = (&buffer, oldest) {
                         let n = scratch.received();

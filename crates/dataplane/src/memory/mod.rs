@@ -263,6 +263,7 @@ impl UdpPort for MemoryUdp {
                 local: None,
                 rx_time_ns: 0,
                 ecn: 0,
+                truncated: false,
             });
         }
         Ok(got.len())

@@ -34,13 +34,22 @@ pub fn read_batch(
     while out.len() < MAX_BATCH {
         let n = match dev.tun.read(queue, scratch) {
             Ok(0) => break,
-            Ok(n) if n == scratch.len() => {
+            // Truncated (see SCRATCH_LEN). The kernel reports the packet's whole length,
+            // not what it copied (`tun_put_user`), so a longer one reads as more than
+            // the buffer.
+            Ok(n) if n >= scratch.len() => {
                 dev.stats.tx_dropped.fetch_add(1, Ordering::Relaxed);
-                continue; // truncated (see SCRATCH_LEN)
+                continue;
             }
             Ok(n) => n,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            // One packet the kernel could not describe in a vnet header; it freed it,
+            // and the device is still there.
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                dev.stats.tx_dropped.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
             Err(e) if out.is_empty() => return Err(e),
             Err(_) => break,
         };
@@ -69,4 +78,87 @@ pub fn read_batch(
         p.arrival_ns = now;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fq_codel::QueuePolicy;
+    use crate::ports::TunPort;
+    use crate::sockets::Sockets;
+    use std::collections::VecDeque;
+    use std::io::IoSlice;
+    use std::os::fd::RawFd;
+    use std::sync::Mutex;
+
+    /// What one read of the scripted TUN returns.
+    enum Read {
+        /// The kernel's answer to a packet longer than the buffer: its whole length.
+        Longer,
+        Error(i32),
+        Packet(Vec<u8>),
+    }
+
+    struct ScriptedTun(Mutex<VecDeque<Read>>);
+
+    impl TunPort for ScriptedTun {
+        fn fd(&self) -> RawFd {
+            -1
+        }
+        fn read(&self, _: usize, buf: &mut [u8]) -> io::Result<usize> {
+            match self.0.lock().unwrap().pop_front() {
+                None => Err(io::ErrorKind::WouldBlock.into()),
+                Some(Read::Longer) => Ok(buf.len() + 100),
+                Some(Read::Error(e)) => Err(io::Error::from_raw_os_error(e)),
+                Some(Read::Packet(p)) => {
+                    buf[..p.len()].copy_from_slice(&p);
+                    Ok(p.len())
+                }
+            }
+        }
+        fn write_pieces(&self, _: usize, _: &[IoSlice<'_>]) -> io::Result<usize> {
+            Ok(0)
+        }
+        fn write_packet(&self, p: &[u8]) -> io::Result<usize> {
+            Ok(p.len())
+        }
+        fn has_vnet_hdr(&self) -> bool {
+            false
+        }
+        fn has_uso(&self) -> bool {
+            false
+        }
+        fn name(&self) -> String {
+            "wl-scripted".into()
+        }
+    }
+
+    /// A packet longer than the buffer and one the kernel could not describe are each
+    /// one dropped packet, not a panic (the reported length past the buffer) or the
+    /// end of the interface (EINVAL); the packets around them are read. A read error
+    /// with nothing read yet is the device gone.
+    #[test]
+    fn an_overlong_or_undescribable_packet_is_one_drop() {
+        let packet = vec![0x45u8; 60];
+        let script = [
+            Read::Packet(packet.clone()),
+            Read::Longer,
+            Read::Error(libc::EINVAL),
+            Read::Packet(packet.clone()),
+        ];
+        let tun = ScriptedTun(Mutex::new(script.into_iter().collect()));
+        let sockets = Sockets::bind(0, 0).unwrap();
+        let iface = Interface::new(Box::new(tun), sockets, QueuePolicy::default()).unwrap();
+        let mut scratch = vec![0u8; 2048];
+        let mut out = Vec::new();
+        read_batch(&iface, 0, &mut scratch, &mut out).unwrap();
+        assert_eq!(out.len(), 2);
+        assert!(out.iter().all(|p| p.plaintext() == packet.as_slice()));
+        assert_eq!(iface.stats.total(|c| &c.tx_dropped), 2);
+
+        let gone = ScriptedTun(Mutex::new([Read::Error(libc::EBADFD)].into()));
+        let sockets = Sockets::bind(0, 0).unwrap();
+        let iface = Interface::new(Box::new(gone), sockets, QueuePolicy::default()).unwrap();
+        assert!(read_batch(&iface, 0, &mut scratch, &mut Vec::new()).is_err());
+    }
 }

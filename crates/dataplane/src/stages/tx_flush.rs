@@ -92,11 +92,9 @@ fn send_all(sock: &dyn UdpPort, out: &[Outgoing<'_>], sent: &mut [bool]) {
         let seg = u16::try_from(d.payload.len()).unwrap_or(u16::MAX);
         match sock.send_segmented(&pieces[..j - i], seg, &d.dst, d.src, d.ecn) {
             Ok(true) => sent[i..j].fill(true),
-            // GSO refused: the socket stopped trying, and the loop sends these singly.
-            Ok(false) => {
-                start = i;
-                continue;
-            }
+            // Refused as one send (for this destination's path MTU, or for good):
+            // these go singly.
+            Ok(false) => singles(i, j, sent),
             Err(_) => sent[i..j].fill(false),
         }
         (start, i) = (j, j);
@@ -370,6 +368,9 @@ mod tests {
     /// A socket that records each send as (datagrams, ECN field, destinations).
     struct Recorder {
         gso: bool,
+        /// Refuses every segmented send as the kernel does one past the path MTU:
+        /// nothing sent, offload kept.
+        refuses_runs: bool,
         sends: Mutex<Vec<(usize, u8, usize)>>,
     }
 
@@ -377,6 +378,7 @@ mod tests {
         fn new(gso: bool) -> Self {
             Recorder {
                 gso,
+                refuses_runs: false,
                 sends: Mutex::new(Vec::new()),
             }
         }
@@ -426,6 +428,9 @@ mod tests {
             _: Option<LocalAddr>,
             ecn: u8,
         ) -> io::Result<bool> {
+            if self.refuses_runs {
+                return Ok(false);
+            }
             self.record(dgrams.len(), ecn, 1);
             Ok(true)
         }
@@ -468,6 +473,35 @@ mod tests {
         // The first and the huge one go singly (one `sendmmsg`), the last two as a run.
         assert_eq!(*sock.sends.lock().unwrap(), vec![(2, 0, 1), (2, 0, 1)]);
         assert!(sent.iter().all(|&s| s));
+    }
+
+    /// A run the kernel refuses as one send while keeping the offload (its segments
+    /// exceed the destination's path MTU) goes singly, and the runs after it are still
+    /// tried as runs. Before, the loop tried the same run again for ever.
+    #[test]
+    fn a_run_refused_for_its_path_goes_singly() {
+        let d = vec![0u8; 1400];
+        let ep = |port: u16| SocketAddr::from(([192, 0, 2, 1], port));
+        let dgrams = [
+            out(&d, 0, ep(1)),
+            out(&d, 0, ep(1)),
+            out(&d, 0, ep(1)),
+            out(&d, 0, ep(2)),
+            out(&d, 0, ep(3)),
+            out(&d, 0, ep(3)),
+        ];
+        let sock = Recorder {
+            refuses_runs: true,
+            ..Recorder::new(true)
+        };
+        let mut sent = [false; 6];
+        send_all(&sock, &dgrams, &mut sent);
+        assert!(sent.iter().all(|&s| s));
+        // Each refused run leaves as one `sendmmsg` of its own datagrams, in order.
+        assert_eq!(
+            *sock.sends.lock().unwrap(),
+            vec![(3, 0, 1), (1, 0, 1), (2, 0, 1)]
+        );
     }
 
     /// One segmented send carries one outer ECN field, so a run ends where the field

@@ -20,6 +20,8 @@ pub struct RecvScratch {
     batch: RecvBatch,
     /// The kernel's buffers the last receive took (with GRO, each of many datagrams).
     received: usize,
+    /// Of those, the ones that held less than the kernel had (see `Received::truncated`).
+    truncated: usize,
     /// The packets of the last receive. Kept, emptied, from one receive to the next:
     /// allocated afresh it was a large allocation (hundreds of packets with GRO) and
     /// several regrowths per receive.
@@ -40,6 +42,7 @@ impl RecvScratch {
         RecvScratch {
             batch: RecvBatch::new(count, size),
             received: 0,
+            truncated: 0,
             packets: Vec::new(),
         }
     }
@@ -54,6 +57,11 @@ impl RecvScratch {
     pub fn received(&self) -> usize {
         self.received
     }
+
+    /// How many of them the kernel cut short, losing datagrams.
+    pub fn truncated(&self) -> usize {
+        self.truncated
+    }
 }
 
 /// Receives what is queued on `sock`, up to one batch of buffers, without blocking.
@@ -62,10 +70,13 @@ pub fn recv_batch<'s>(
     s: &'s mut RecvScratch,
 ) -> io::Result<&'s mut Vec<Packet>> {
     s.received = 0;
+    s.truncated = 0;
     let out = &mut s.packets;
+    let truncated = &mut s.truncated;
     // What the last receive's consumer left (it drains them all).
     out.clear();
     let n = match sock.recv_each(&mut s.batch, &mut |r| {
+        *truncated += usize::from(r.truncated);
         out.extend(r.datagrams().map(|d| {
             let mut p = Packet::from_datagram(d, r.src, r.local);
             p.arrival_ns = r.rx_time_ns;

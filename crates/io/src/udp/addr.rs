@@ -137,6 +137,14 @@ pub(super) fn bytemuck_u64(c: &mut SendControl) -> &mut [u8] {
     unsafe { std::slice::from_raw_parts_mut(c.as_mut_ptr().cast(), size_of::<SendControl>()) }
 }
 
+/// Whether control message `c` carries at least `len` bytes of data.
+///
+/// # Safety
+/// `c` must point at a control message header the kernel filled.
+pub(super) unsafe fn holds(c: *const libc::cmsghdr, len: usize) -> bool {
+    (*c).cmsg_len >= libc::CMSG_LEN(len as u32) as usize
+}
+
 /// The local end, if `c` is a packet-info control message.
 ///
 /// # Safety
@@ -144,14 +152,14 @@ pub(super) fn bytemuck_u64(c: &mut SendControl) -> &mut [u8] {
 pub(super) unsafe fn local_of(c: *const libc::cmsghdr) -> Option<LocalAddr> {
     let data = libc::CMSG_DATA(c);
     match ((*c).cmsg_level, (*c).cmsg_type) {
-        (libc::IPPROTO_IP, libc::IP_PKTINFO) => {
+        (libc::IPPROTO_IP, libc::IP_PKTINFO) if holds(c, size_of::<libc::in_pktinfo>()) => {
             let p = std::ptr::read_unaligned(data as *const libc::in_pktinfo);
             Some(LocalAddr {
                 ip: IpAddr::V4(Ipv4Addr::from(p.ipi_addr.s_addr.to_ne_bytes())),
                 ifindex: p.ipi_ifindex as u32,
             })
         }
-        (libc::IPPROTO_IPV6, libc::IPV6_PKTINFO) => {
+        (libc::IPPROTO_IPV6, libc::IPV6_PKTINFO) if holds(c, size_of::<libc::in6_pktinfo>()) => {
             let p = std::ptr::read_unaligned(data as *const libc::in6_pktinfo);
             Some(LocalAddr {
                 ip: IpAddr::V6(Ipv6Addr::from(p.ipi6_addr.s6_addr)),

@@ -434,8 +434,12 @@ impl UdpSocket {
     /// header's ECN field. The pieces are gathered straight from the
     /// caller's buffers (no copy here); they need not be datagram-aligned. At most
     /// [`GSO_MAX_SEGMENTS`] pieces and [`GSO_MAX_BYTES`] in all. Returns false, having
-    /// sent nothing, if the kernel refuses segmentation offload; the socket then stops
-    /// trying it.
+    /// sent nothing, if the kernel refuses this send as one; the caller then sends the
+    /// datagrams singly. Where the refusal says the offload is missing (no checksum
+    /// offload on the path, a kernel without it), the socket stops trying it; where it
+    /// says only that a segment exceeds the destination's path MTU (EMSGSIZE since
+    /// Linux 6.14, EINVAL before), other destinations keep it: singly, the kernel
+    /// fragments what the path cannot carry whole.
     pub fn send_segmented(
         &self,
         dgrams: &[&[u8]],
@@ -490,13 +494,13 @@ impl UdpSocket {
                 // send_mmsg): try again from the route's choice before blaming GSO.
                 _ if source_refused(&e) && drop_source(&mut msg, keep) => {}
                 // No offload on this path or kernel: remember and let the caller fall back.
-                Some(libc::EIO)
-                | Some(libc::EINVAL)
-                | Some(libc::ENOPROTOOPT)
-                | Some(libc::EOPNOTSUPP) => {
+                Some(libc::EIO) | Some(libc::ENOPROTOOPT) | Some(libc::EOPNOTSUPP) => {
                     self.gso.store(false, std::sync::atomic::Ordering::Relaxed);
                     return Ok(false);
                 }
+                // A segment longer than this destination's path MTU allows (the route's,
+                // or one an ICMP message lowered): this send only.
+                Some(libc::EMSGSIZE) | Some(libc::EINVAL) => return Ok(false),
                 _ => return Err(e),
             }
         }

@@ -56,11 +56,16 @@ impl Ancillary {
         while !c.is_null() {
             let data = libc::CMSG_DATA(c);
             match ((*c).cmsg_level, (*c).cmsg_type) {
-                (libc::SOL_UDP, UDP_GRO) => {
+                // A message the kernel cut short (`MSG_CTRUNC`) says so in its length:
+                // nothing is read past what it holds.
+                _ if !holds(c, size_of::<u8>()) => {}
+                (libc::SOL_UDP, UDP_GRO) if holds(c, size_of::<libc::c_int>()) => {
                     let v = std::ptr::read_unaligned(data as *const libc::c_int);
                     a.segment = v.max(0) as usize;
                 }
-                (libc::SOL_SOCKET, libc::SCM_TIMESTAMPNS) => {
+                (libc::SOL_SOCKET, libc::SCM_TIMESTAMPNS)
+                    if holds(c, size_of::<libc::timespec>()) =>
+                {
                     let t = std::ptr::read_unaligned(data as *const libc::timespec);
                     a.rx_time_ns = (t.tv_sec as u64)
                         .saturating_mul(1_000_000_000)
@@ -68,7 +73,7 @@ impl Ancillary {
                 }
                 // IPv4 passes the TOS as one byte, IPv6 the traffic class as an int.
                 (libc::IPPROTO_IP, libc::IP_TOS) => a.ecn = *data & 0b11,
-                (libc::IPPROTO_IPV6, libc::IPV6_TCLASS) => {
+                (libc::IPPROTO_IPV6, libc::IPV6_TCLASS) if holds(c, size_of::<libc::c_int>()) => {
                     let v = std::ptr::read_unaligned(data as *const libc::c_int);
                     a.ecn = (v & 0b11) as u8;
                 }
@@ -99,6 +104,11 @@ pub struct Received<'a> {
     /// The outer header's ECN bits (RFC 6040's decapsulation needs them). Coalesced
     /// datagrams share them: GRO merges only packets of equal TOS.
     pub ecn: u8,
+    /// The kernel had more than the buffer held (`MSG_TRUNC`): what did not fit is lost.
+    /// A coalesced run keeps only its whole datagrams (GRO can exceed 64 KiB where the
+    /// device's `gro_max_size` was raised for BIG TCP); a single one is cut short, and
+    /// fails authentication.
+    pub truncated: bool,
 }
 
 impl<'a> Received<'a> {
@@ -173,8 +183,12 @@ impl RecvBatch {
             return None;
         }
         let src = from_sockaddr(&self.names[i])?;
-        let len = (self.hdrs[i].msg_len as usize).min(self.size);
+        let mut len = (self.hdrs[i].msg_len as usize).min(self.size);
         let a = self.ancillary[i];
+        let truncated = self.hdrs[i].msg_hdr.msg_flags & libc::MSG_TRUNC != 0;
+        if truncated && a.segment > 0 {
+            len -= len % a.segment;
+        }
         Some(Received {
             data: &self.area.as_slice()[i * self.size..i * self.size + len],
             src,
@@ -182,6 +196,7 @@ impl RecvBatch {
             local: a.local,
             rx_time_ns: a.rx_time_ns,
             ecn: a.ecn,
+            truncated,
         })
     }
 }

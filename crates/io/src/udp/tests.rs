@@ -394,3 +394,32 @@ fn a_shrunk_receive_buffer_keeps_its_queue_and_drops_only_new_arrivals() {
     assert_eq!(receive(&b, 10), later);
     assert_eq!(b.drops().unwrap(), 50);
 }
+
+/// A coalesced run longer than the buffer (possible where GRO may exceed 64 KiB) is
+/// cut by the kernel: only its whole datagrams are handed on, and the receive says it
+/// lost the rest.
+#[test]
+fn a_run_cut_short_by_the_buffer_keeps_only_whole_datagrams() {
+    let a = UdpSocket::bind(false, 0).unwrap();
+    let b = UdpSocket::bind(false, 0).unwrap();
+    let dst = SocketAddr::from(([127, 0, 0, 1], b.local_port().unwrap()));
+    let pieces: Vec<Vec<u8>> = (0..10u8).map(|i| vec![i; 1000]).collect();
+    let refs: Vec<&[u8]> = pieces.iter().map(Vec::as_slice).collect();
+    if !b.gro_enabled() || !a.send_segmented(&refs, 1000, &dst, None, NOT_ECT).unwrap() {
+        return; // No UDP GSO/GRO here: nothing is coalesced, nothing cut.
+    }
+    let mut batch = RecvBatch::new(1, 4096 + 500);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    let n = loop {
+        match b.recv_batch(&mut batch) {
+            Ok(n) if n > 0 => break n,
+            _ if std::time::Instant::now() < deadline => std::thread::yield_now(),
+            other => panic!("nothing received: {other:?}"),
+        }
+    };
+    assert_eq!(n, 1);
+    let r = batch.datagram(0).unwrap();
+    assert!(r.truncated);
+    let got: Vec<&[u8]> = r.datagrams().collect();
+    assert_eq!(got, refs[..4].to_vec());
+}

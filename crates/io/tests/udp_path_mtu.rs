@@ -1,0 +1,78 @@
+//! A segmented send whose segments exceed the destination's path MTU, against the
+//! kernel: refused as one send (EMSGSIZE since Linux 6.14, EINVAL before), it must
+//! neither lose the datagrams nor switch segmentation offload off for the socket.
+//! Runs in a network namespace of its own whose loopback has a small MTU.
+
+use std::net::SocketAddr;
+use std::process::Command;
+use std::time::{Duration, Instant};
+use wirelane_io::udp::{RecvBatch, UdpSocket, NOT_ECT};
+
+fn ip_here(args: &str) {
+    // SAFETY: gettid has no preconditions.
+    let tid = unsafe { libc::gettid() };
+    let ns = format!("/proc/{}/task/{tid}/ns/net", std::process::id());
+    let st = Command::new("nsenter")
+        .arg(format!("--net={ns}"))
+        .arg("ip")
+        .args(args.split_whitespace())
+        .status()
+        .expect("nsenter runs");
+    assert!(st.success(), "ip {args}");
+}
+
+/// Receives until `want` datagrams came or 2 s passed; each coalesced buffer split.
+fn receive(sock: &UdpSocket, want: usize) -> Vec<Vec<u8>> {
+    let mut batch = RecvBatch::new(8, 65536);
+    let mut got = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while got.len() < want && Instant::now() < deadline {
+        match sock.recv_batch(&mut batch) {
+            Ok(n) => {
+                for i in 0..n {
+                    let r = batch.datagram(i).unwrap();
+                    got.extend(r.datagrams().map(<[u8]>::to_vec));
+                }
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(1)),
+        }
+    }
+    got
+}
+
+#[test]
+fn a_run_past_the_path_mtu_is_refused_as_one_send_and_the_socket_keeps_gso() {
+    // SAFETY: moves only this thread into a new network namespace.
+    assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWNET) }, 0, "unshare");
+    ip_here("link set lo mtu 1280 up");
+    let a = UdpSocket::bind(false, 0).unwrap();
+    let b = UdpSocket::bind(false, 0).unwrap();
+    let dst = SocketAddr::from(([127, 0, 0, 1], b.local_port().unwrap()));
+
+    // Small segments fit the path: one segmented send, if the kernel has UDP GSO.
+    let small: Vec<Vec<u8>> = (0..3u8).map(|i| vec![i; 500]).collect();
+    let refs: Vec<&[u8]> = small.iter().map(Vec::as_slice).collect();
+    if !a.send_segmented(&refs, 500, &dst, None, NOT_ECT).unwrap() {
+        assert!(!a.gso_enabled());
+        return; // No UDP GSO here: the single sends are all there is.
+    }
+    assert_eq!(receive(&b, 3), small);
+
+    // 1,400-byte segments do not fit 1,280: refused, nothing sent, GSO kept.
+    let big: Vec<Vec<u8>> = (0..3u8).map(|i| vec![i + 10; 1400]).collect();
+    let refs: Vec<&[u8]> = big.iter().map(Vec::as_slice).collect();
+    assert!(!a.send_segmented(&refs, 1400, &dst, None, NOT_ECT).unwrap());
+    assert!(
+        a.gso_enabled(),
+        "a path MTU is no reason to stop offloading"
+    );
+    // Singly, the kernel fragments them and they arrive whole.
+    for d in &big {
+        a.send_to(d, &dst).unwrap();
+    }
+    assert_eq!(receive(&b, 3), big);
+    // And a run that fits still goes as one.
+    let refs: Vec<&[u8]> = small.iter().map(Vec::as_slice).collect();
+    assert!(a.send_segmented(&refs, 500, &dst, None, NOT_ECT).unwrap());
+    assert_eq!(receive(&b, 3), small);
+}
