@@ -510,7 +510,10 @@ impl Interface {
         table.by_key.remove(&peer.public_key);
         table.by_id.remove(&peer.id);
         table.allowed.remove_value(peer.id);
-        peer.mark_removed();
+        let dropped = peer.mark_removed() as u64;
+        self.stats
+            .removed_dropped
+            .fetch_add(dropped, Ordering::Relaxed);
         self.timers.disarm(&peer.timer_at, peer.id);
         let held = peer.state().indices();
         let mut map = self.indices.lock().unwrap_or_else(|p| p.into_inner());

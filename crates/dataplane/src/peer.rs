@@ -171,13 +171,19 @@ impl Peer {
         *self.sticky.lock().unwrap_or_else(|p| p.into_inner()) = None;
     }
 
-    pub fn mark_removed(&self) {
+    /// Marks the peer removed and drops what it had queued; returns how many packets
+    /// that was (staged, flow-queued, and in the ordered queues, crypt work in flight
+    /// included: it completes, but its batch is gone).
+    pub fn mark_removed(&self) -> usize {
         self.removed.store(true, Ordering::Release);
-        self.take_staged();
-        self.tx_queue.clear();
-        self.rx_queue.clear();
-        self.tx_fq.lock().clear();
+        let staged = self.take_staged().len();
+        let queued = self.tx_queue.clear() + self.rx_queue.clear();
+        let mut fq = self.tx_fq.lock();
+        let flow_queued = fq.len();
+        fq.clear();
+        drop(fq);
         self.tx_fq.wake_waiters();
+        staged + queued + flow_queued
     }
 
     pub fn is_removed(&self) -> bool {
@@ -216,6 +222,40 @@ mod tests {
             "the newest are kept"
         );
         assert_eq!(peer.staged_len(), 0);
+    }
+
+    /// A removal drops what the peer had queued anywhere and says how much; the
+    /// budgets get their room back.
+    #[test]
+    fn a_removal_counts_what_it_drops() {
+        use crate::packet::Batch;
+        use wirelane_proto::handshake::SessionKeys;
+        use wirelane_proto::Keypair;
+        let budgets = Budgets::default();
+        let peer = Peer::new(1, [7; 32], [0; 32], &budgets);
+        let packets = |n: usize| (0..n).map(|_| Packet::with_capacity(4)).collect::<Vec<_>>();
+        let keys = SessionKeys {
+            send: [1; 32],
+            recv: [1; 32],
+            local_index: 7,
+            remote_index: 9,
+            is_initiator: false,
+        };
+        let kp = Arc::new(Keypair::new(&keys, std::time::Duration::ZERO));
+        assert_eq!(peer.stage(packets(3)), 0);
+        assert!(peer.tx_queue.push(Batch::new(kp.clone(), packets(5)), 5));
+        assert!(peer.rx_queue.push(Batch::new(kp, packets(2)), 2));
+        {
+            let mut fq = peer.tx_fq.lock();
+            for (i, p) in packets(4).into_iter().enumerate() {
+                fq.enqueue(i as u32, p, 0);
+            }
+        }
+        assert_eq!(peer.mark_removed(), 3 + 5 + 2 + 4);
+        assert!(peer.is_removed());
+        assert_eq!(budgets.staged.used(), 0);
+        assert_eq!(budgets.tx.used(), 0);
+        assert_eq!(budgets.rx.used(), 0);
     }
 
     /// All peers together stage at most the interface's budget: past it a peer keeps

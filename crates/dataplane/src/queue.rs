@@ -193,11 +193,12 @@ impl<T: Ordered> OrderedQueue<T> {
 
     /// Takes `n` packets of `bytes` off the counts (with the lock held). This queue is
     /// the last under its budget, so they count as drained.
+    /// Counts `n` packets of `bytes` out, done with: the budget's drain rate counts them.
     fn count_out(&self, n: usize, bytes: usize) {
         self.packets.fetch_sub(n, Ordering::Relaxed);
         self.bytes.fetch_sub(bytes, Ordering::Relaxed);
         if let Some(b) = &self.budget {
-            b.drain(n);
+            b.sub(n);
         }
     }
 
@@ -311,15 +312,25 @@ impl<T: Ordered> OrderedQueue<T> {
         self.lock().scheduled = false;
     }
 
-    /// Drops everything queued (peer removal). In-flight crypt work still completes but
-    /// finds its batch gone from here.
-    pub fn clear(&self) {
+    /// Drops everything queued (peer removal) and returns how many packets that was.
+    /// In-flight crypt work still completes but finds its batch gone from here. The
+    /// room comes back without counting as drained: a removal's drop is no drain rate
+    /// (a budget sized by it would grow for packets that never left).
+    pub fn clear(&self) -> usize {
         let mut st = self.lock();
-        st.batches.clear();
-        let bytes = self.bytes.load(Ordering::Relaxed);
-        self.count_out(self.packets.load(Ordering::Relaxed), bytes);
+        let dropped: usize = st.batches.drain(..).map(|b| b.packets()).sum();
+        let (n, bytes) = (
+            self.packets.load(Ordering::Relaxed),
+            self.bytes.load(Ordering::Relaxed),
+        );
+        self.packets.fetch_sub(n, Ordering::Relaxed);
+        self.bytes.fetch_sub(bytes, Ordering::Relaxed);
+        if let Some(b) = &self.budget {
+            b.sub(n);
+        }
         self.wake_waiters();
         drop(st);
+        dropped
     }
 
     /// Wakes producers waiting for room. Call with `state` locked.
@@ -475,6 +486,35 @@ mod tests {
         assert_eq!(seen, [0, 2]);
         assert!(q.wait_for_room(MAX_QUEUED_PACKETS, Duration::ZERO));
     }
+    /// A removal's clear says what it dropped and gives the room back without counting
+    /// it as drained: a budget sized by its drain rate does not grow for packets that
+    /// never left (it grew to the whole cleared queue per interval before).
+    #[test]
+    fn a_clear_is_no_drain() {
+        let budget = Arc::new(QueueBudget::sized_by_drain(
+            64,
+            8192,
+            Duration::from_millis(1),
+        ));
+        let q = OrderedQueue::<Item>::with_budget(budget.clone());
+        let t0 = std::time::Instant::now();
+        // Idle intervals bring the limit down to its floor.
+        for k in 0..100 {
+            budget.resize(t0 + Duration::from_millis(k));
+        }
+        assert_eq!(budget.limit(), 64);
+        let item = Arc::new(Item {
+            seq: 0,
+            n: 60,
+            done: AtomicBool::new(false),
+        });
+        assert!(q.push(item, 60));
+        assert_eq!(q.clear(), 60);
+        assert_eq!(budget.used(), 0);
+        budget.resize(t0 + Duration::from_micros(99_100));
+        assert_eq!(budget.limit(), 64);
+    }
+
     /// Queues sharing a budget refuse what would take the sum past it, whatever room
     /// each has of its own; a drain or a clear gives the room back to all of them.
     #[test]

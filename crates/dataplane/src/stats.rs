@@ -133,6 +133,8 @@ counters! {
     /// firewall refusal, a buffer full past the wait), or the interface has no socket
     /// of the endpoint's family.
     tx_send_failed,
+    /// Packets a peer had queued, either way, when it was removed: dropped with it.
+    removed_dropped,
     /// Datagrams that are not WireGuard messages at all.
     rx_malformed,
     /// Receives the kernel cut short (a coalesced run longer than the reader's

@@ -6,7 +6,7 @@
 //! Each interface with work waits in a ring; the worker at the front's turn takes its
 //! oldest item if the interface's deficit covers the item's cost, or else adds a
 //! quantum to the deficit and passes the turn on. An interface whose FIFO empties
-//! leaves the ring and forgets its deficit.
+//! leaves the ring and forgets its deficit; one that joins starts with a quantum.
 //!
 //! Waiting: workers sleep on a condvar only when every FIFO is empty; a push signals it
 //! only when a worker sleeps (a `futex` wake per push would cost a system call each).
@@ -59,9 +59,12 @@ impl<T> FairQueue<T> {
     /// Queues `item` of interface `lane`, costing `cost` packets.
     pub fn push(&self, lane: u32, item: T, cost: usize) {
         let mut st = self.lock();
+        // A lane joins with its first quantum in hand, as DRR grants it at the start
+        // of a turn: with none, its first turn only earned one and passed, and a
+        // tunnel that became active waited a whole round more behind the busy ones.
         let l = st.lanes.entry(lane).or_insert_with(|| Lane {
             items: VecDeque::new(),
-            deficit: 0,
+            deficit: QUANTUM,
         });
         if l.items.is_empty() {
             st.ring.push_back(lane);
@@ -181,6 +184,24 @@ mod tests {
         }
         let (a, b) = (packets[1] as f64, packets[2] as f64);
         assert!((a / b - 1.0).abs() < 0.2, "{packets:?}");
+    }
+
+    /// A tunnel that becomes active is served at its first turn, after at most one
+    /// item of each busy tunnel ahead of it, not a round later.
+    #[test]
+    fn a_lane_that_joins_is_served_at_its_first_turn() {
+        let q = FairQueue::default();
+        for lane in 1..=3 {
+            for i in 0..100 {
+                q.push(lane, (lane, i), 64);
+            }
+        }
+        for _ in 0..7 {
+            q.pop().unwrap();
+        }
+        q.push(9, (9, 0), 64);
+        let before = (0..10).position(|_| q.pop().unwrap().0 == 9).unwrap();
+        assert!(before <= 3, "{before} items went first");
     }
 
     #[test]

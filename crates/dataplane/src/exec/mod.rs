@@ -96,6 +96,23 @@ pub fn start(model: Model, workers: usize, shared: Shared) -> std::io::Result<Ar
     })
 }
 
+/// `model`, just built, once `spawn_all` has started its threads. If one fails to
+/// start (a thread limit, memory), those started are stopped before the error is
+/// returned: each holds the model, waiting on it for work, and nothing else would ever
+/// stop them.
+fn started<M: ExecModel + 'static>(
+    model: Arc<M>,
+    spawn_all: impl FnOnce(&Arc<M>) -> std::io::Result<()>,
+) -> std::io::Result<Arc<dyn ExecModel>> {
+    match spawn_all(&model) {
+        Ok(()) => Ok(model),
+        Err(e) => {
+            model.stop();
+            Err(e)
+        }
+    }
+}
+
 /// A stop signal for a model's threads: they select on the receiver, whose sender is
 /// dropped on stop, so every waiter wakes at once (no polling timeout).
 pub(crate) struct StopSignal {

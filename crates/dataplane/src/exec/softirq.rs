@@ -91,21 +91,23 @@ impl Softirq {
             threads: Joined::default(),
             shared,
         });
-        for i in 0..workers {
-            let me = s.clone();
-            let h = s
-                .shared
-                .threads
-                .spawn(format!("wl-crypt-{i}"), move || me.worker(i))?;
-            s.threads.push(h);
-            let me = s.clone();
-            let h = s
-                .shared
-                .threads
-                .spawn(format!("wl-poll-{i}"), move || me.poller(i))?;
-            s.threads.push(h);
-        }
-        Ok(s)
+        super::started(s, |s| {
+            for i in 0..workers {
+                let me = s.clone();
+                let h = s
+                    .shared
+                    .threads
+                    .spawn(format!("wl-crypt-{i}"), move || me.worker(i))?;
+                s.threads.push(h);
+                let me = s.clone();
+                let h = s
+                    .shared
+                    .threads
+                    .spawn(format!("wl-poll-{i}"), move || me.poller(i))?;
+                s.threads.push(h);
+            }
+            Ok(())
+        })
     }
 
     fn worker(&self, i: usize) {

@@ -79,16 +79,18 @@ impl Threaded {
             shared,
             me: me.clone(),
         });
-        for i in 0..workers {
-            let me = t.clone();
-            let h = t.shared.threads.spawn(format!("wl-crypt-{i}"), move || {
-                while let Some(w) = next_or_stop(&me.crypt_rx, &me.stop) {
-                    stages::run_crypt(&*me, w.as_crypt());
-                }
-            })?;
-            t.threads.push(h);
-        }
-        Ok(t)
+        super::started(t, |t| {
+            for i in 0..workers {
+                let me = t.clone();
+                let h = t.shared.threads.spawn(format!("wl-crypt-{i}"), move || {
+                    while let Some(w) = next_or_stop(&me.crypt_rx, &me.stop) {
+                        stages::run_crypt(&*me, w.as_crypt());
+                    }
+                })?;
+                t.threads.push(h);
+            }
+            Ok(())
+        })
     }
 
     /// The thread that runs `key`'s serial stages, started if need be. Called with the
@@ -176,7 +178,14 @@ impl Scheduler for Threaded {
         }
         match self.thread_for(&mut map, key) {
             Some(t) => {
-                let _ = t.tx.send(work.into_owned());
+                if let Err(unsent) = t.tx.send(work.into_owned()) {
+                    // Its thread has ended (a bug that escaped its loop): forget it and
+                    // run the item here. Dropped, it would leave the peer's stage
+                    // claimed (`scheduled`) with no one to run it, for good.
+                    map.drop_thread(Arc::as_ptr(&t));
+                    drop(map);
+                    stages::run_serial(self, unsent.0.as_serial(), usize::MAX);
+                }
             }
             // No thread could be started (the process is out of threads): run it here,
             // so the wake-up is not lost.

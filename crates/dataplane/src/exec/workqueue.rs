@@ -42,15 +42,17 @@ impl Workqueue {
             threads: Joined::default(),
             shared,
         });
-        for i in 0..workers {
-            let me = wq.clone();
-            let h = wq
-                .shared
-                .threads
-                .spawn(format!("wl-worker-{i}"), move || me.worker())?;
-            wq.threads.push(h);
-        }
-        Ok(wq)
+        super::started(wq, |wq| {
+            for i in 0..workers {
+                let me = wq.clone();
+                let h = wq
+                    .shared
+                    .threads
+                    .spawn(format!("wl-worker-{i}"), move || me.worker())?;
+                wq.threads.push(h);
+            }
+            Ok(())
+        })
     }
 
     fn run(&self, item: Item) {

@@ -23,7 +23,7 @@ use super::StageCtx;
 use crate::fq_codel::QueueDiscipline;
 use crate::packet::{Batch, Packet, MAX_BATCH};
 use crate::peer::Peer;
-use crate::sched::{Crypt, Direction};
+use crate::sched::{Crypt, Direction, Serial};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -140,6 +140,41 @@ impl Queued {
     }
 }
 
+/// The batches a step queued in its peer's ordered queue and has not yet handed to the
+/// workers. Invariant: a queued batch must be completed, or the queue waits on it for
+/// good and every later packet of the peer with it. If the step panics (a bug) after
+/// queuing some, they are completed here as the panic unwinds (after the state lock
+/// is released), their packets counted as lost to it, as a crypt panic's are.
+struct Unsubmitted<'a> {
+    c: StageCtx<'a>,
+    peer: &'a Arc<Peer>,
+    queued: Queued,
+}
+
+impl Drop for Unsubmitted<'_> {
+    fn drop(&mut self) {
+        let q = std::mem::take(&mut self.queued);
+        let mut any = false;
+        for batch in q.first.into_iter().chain(q.more) {
+            let lost = std::mem::take(&mut batch.body().packets).len();
+            let stats = &self.c.iface.stats;
+            stats
+                .crypt_panic_dropped
+                .fetch_add(lost as u64, Ordering::Relaxed);
+            batch.mark_done();
+            any = true;
+        }
+        let serial = Serial {
+            iface: self.c.iface,
+            peer: self.peer,
+            dir: Direction::Tx,
+        };
+        if any && serial.queue().schedule() {
+            self.c.sched.schedule_serial(serial);
+        }
+    }
+}
+
 /// Queues the peer's staged packets, then `chunk` (at most [`MAX_BATCH`] packets),
 /// with counters reserved under the peer's state lock, and hands them on in that order
 /// once it is released.
@@ -165,8 +200,13 @@ fn enqueue_after_staged(
     // The step's outputs (a handshake it started) are carried out after its batches
     // are handed to the workers: queued, a batch must reach them whatever a send
     // does, or its peer's ordered queue waits on it for good.
-    let ((queued, dropped), outs) = take_step(c, peer, |state, ctx, out| {
-        let mut queued = Queued::default();
+    let mut unsent = Unsubmitted {
+        c,
+        peer,
+        queued: Queued::default(),
+    };
+    let queued = &mut unsent.queued;
+    let (dropped, outs) = take_step(c, peer, |state, ctx, out| {
         let mut dropped = 0;
         let mut queue = |packets: Vec<Packet>, budget: Budget| -> Result<(), Vec<Packet>> {
             let n = packets.len();
@@ -215,8 +255,9 @@ fn enqueue_after_staged(
         if !waiting.is_empty() {
             dropped += peer.stage(waiting);
         }
-        (queued, dropped)
+        dropped
     });
+    let queued = std::mem::take(&mut unsent.queued);
     if dropped > 0 {
         c.iface
             .stats
@@ -232,4 +273,80 @@ fn enqueue_after_staged(
         });
     }
     carry_out(c, peer, outs);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::budget::Budgets;
+    use crate::fq_codel::QueuePolicy;
+    use crate::interface::Interface;
+    use crate::memory::MemoryTun;
+    use crate::sched::Scheduler;
+    use crate::sockets::Sockets;
+    use std::panic::{catch_unwind, AssertUnwindSafe};
+    use std::sync::atomic::AtomicUsize;
+    use wirelane_proto::handshake::SessionKeys;
+    use wirelane_proto::Keypair;
+
+    /// Counts the serial stages it is asked to run.
+    #[derive(Default)]
+    struct Recording(AtomicUsize);
+
+    impl Scheduler for Recording {
+        fn submit_crypt(&self, _: Crypt<'_>) {}
+        fn schedule_serial(&self, _: Serial<'_>) {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+        fn submit_handshake(&self, _: &Arc<Interface>) {}
+    }
+
+    /// A step that panics (a bug) after queuing batches leaves none of them pending in
+    /// the peer's ordered queue: each is completed with its packets counted as lost,
+    /// and the serial stage is scheduled to take them off. Pending, they held every
+    /// later packet of the peer back for good.
+    #[test]
+    fn batches_queued_by_a_step_that_panics_are_completed() {
+        let tun = MemoryTun::new("wl-test", |_| {}, None).unwrap();
+        let sockets = Sockets::bind(0, 0).unwrap();
+        let iface = Interface::new(Box::new(tun), sockets, QueuePolicy::default()).unwrap();
+        let peer = Arc::new(Peer::new(1, [7; 32], [0; 32], &Budgets::default()));
+        let keys = SessionKeys {
+            send: [1; 32],
+            recv: [1; 32],
+            local_index: 7,
+            remote_index: 9,
+            is_initiator: false,
+        };
+        let kp = Arc::new(Keypair::new(&keys, Duration::ZERO));
+        let packets = (0..3).map(|_| Packet::with_capacity(4)).collect();
+        let batch = Batch::new(kp, packets);
+        assert!(peer.tx_queue.push(batch.clone(), 3));
+        let sched = Recording::default();
+        let c = StageCtx {
+            iface: &iface,
+            sched: &sched,
+        };
+        let step = catch_unwind(AssertUnwindSafe(|| {
+            let mut unsent = Unsubmitted {
+                c,
+                peer: &peer,
+                queued: Queued::default(),
+            };
+            unsent.queued.push(batch.clone());
+            panic!("a bug in the step");
+        }));
+        assert!(step.is_err());
+        assert!(batch.is_done());
+        assert_eq!(sched.0.load(Ordering::Relaxed), 1);
+        assert_eq!(iface.stats.total(|c| &c.crypt_panic_dropped), 3);
+        // Nothing is lost or counted when the step returns: the guard is emptied first.
+        let unsent = Unsubmitted {
+            c,
+            peer: &peer,
+            queued: Queued::default(),
+        };
+        drop(unsent);
+        assert_eq!(sched.0.load(Ordering::Relaxed), 1);
+    }
 }

@@ -11,7 +11,7 @@ use crate::inner;
 use crate::interface::Interface;
 use crate::packet::HEADROOM;
 use crate::peer::Peer;
-use crate::queue::Drained;
+use crate::queue::{Drained, Ordered};
 use std::cell::RefCell;
 use std::io::IoSlice;
 use std::sync::atomic::Ordering;
@@ -73,6 +73,9 @@ pub fn deliver(c: StageCtx<'_>, peer: &Arc<Peer>, budget: usize) -> Drained {
     let dev = c.iface;
     let drained = peer.rx_queue.drain(budget, |batch| {
         if peer.is_removed() {
+            // Drained before the removal's clear, or queued after it.
+            let n = batch.packets() as u64;
+            dev.stats.removed_dropped.fetch_add(n, Ordering::Relaxed);
             return;
         }
         let mut body = batch.body();

@@ -135,6 +135,11 @@ fn send_flushes(c: StageCtx<'_>, flushes: &[Flush]) -> Vec<Sent> {
     let mut lanes: Vec<Lane<'_>> = Vec::new();
     for (k, (f, bodies)) in flushes.iter().zip(&bodies).enumerate() {
         if f.peer.is_removed() {
+            // Drained before the removal's clear, or queued after it.
+            let n: usize = f.batches.iter().map(|b| b.packets()).sum();
+            dev.stats
+                .removed_dropped
+                .fetch_add(n as u64, Ordering::Relaxed);
             continue;
         }
         let Some(dst) = f.peer.state().endpoint() else {
