@@ -287,12 +287,12 @@ enum Joined {
 fn join(pool_name: &str, ifnames: &[String]) -> Result<Joined, String> {
     let path = pool::control_path(pool_name).map_err(|e| e.to_string())?;
     for (i, n) in ifnames.iter().enumerate() {
-        let refused = match pool::ask(&path, &Request::Add(n.clone())) {
+        let refused = match pool::ask_patiently(&path, &Request::Add(n.clone())) {
             Ok(Ok(_)) => {
                 tracing::info!(interface = %n, pool = pool_name, "joined the pool");
                 continue;
             }
-            Err(_) if i == 0 => return Ok(Joined::PoolGone),
+            Err(e) if i == 0 && pool::gone(&e) => return Ok(Joined::PoolGone),
             Ok(Err(e)) if i == 0 && e == pool::CLOSING => return Ok(Joined::PoolGone),
             Ok(Err(e)) => e,
             // Unanswered (a timeout): the pool may still add it, so it is removed too.
@@ -304,7 +304,7 @@ fn join(pool_name: &str, ifnames: &[String]) -> Result<Joined, String> {
             i
         };
         for added in &ifnames[..upto] {
-            let _ = pool::ask(&path, &Request::Remove(added.clone()));
+            let _ = pool::ask_patiently(&path, &Request::Remove(added.clone()));
         }
         return Err(refused);
     }
@@ -327,11 +327,13 @@ fn warn_ignored_on_join(cli: &Cli, pool_name: &str) {
         || cli.codel_interval != CodelParams::RFC_INTERVAL
         || cli.stay
         || cli.metrics.is_some()
+        || cli.max_peers.is_some()
+        || cli.max_allowed_ips.is_some()
     {
         tracing::warn!(
             pool = pool_name,
-            "--model, --workers, --tun-queues, --queue, --codel-*, --no-offloads, --stay and --metrics apply when a process \
-             starts a pool; the running pool keeps its own"
+            "--model, --workers, --tun-queues, --queue, --codel-*, --no-offloads, --stay, --metrics, --max-peers and \
+             --max-allowed-ips apply when a process starts a pool; the running pool keeps its own"
         );
     }
 }

@@ -31,6 +31,39 @@ const MAX_LINE: usize = 256;
 /// A pool's refusal while it is on its way out (its last tunnel went): the requester
 /// starts a pool of its own instead.
 pub const CLOSING: &str = "the pool is shutting down";
+/// A pool's answer when every control connection place is taken: ask again shortly.
+pub const BUSY: &str = "the pool is answering as many control requests as it can";
+
+/// How long [`ask_patiently`] keeps asking a busy pool.
+const BUSY_PATIENCE: Duration = Duration::from_secs(30);
+
+/// [`ask`], asked again while the pool answers [`BUSY`] (many tunnels joining at
+/// once, as at boot), for at most [`BUSY_PATIENCE`].
+pub fn ask_patiently(path: &PathBuf, req: &Request) -> io::Result<Result<String, String>> {
+    let deadline = std::time::Instant::now() + BUSY_PATIENCE;
+    loop {
+        match ask(path, req)? {
+            Err(e) if e == BUSY && std::time::Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            answer => return Ok(answer),
+        }
+    }
+}
+
+/// Whether `e`, from [`ask`], means that no pool is there to answer (it exited, or
+/// closed the request unanswered on its way out), rather than one that did not
+/// answer in time, which may still carry the request out.
+pub fn gone(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::NotFound
+            | io::ErrorKind::ConnectionRefused
+            | io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::ConnectionReset
+            | io::ErrorKind::BrokenPipe
+    )
+}
 
 /// Checks a pool name: 1 to 32 letters, digits, '-' or '_'.
 pub fn validate_name(name: &str) -> Result<(), String> {
@@ -209,6 +242,63 @@ pub const MAX_CONTROL_CONNECTIONS: usize = 16;
 pub static CONTROL_PLACES: LazyLock<Arc<Places>> =
     LazyLock::new(|| Places::new(MAX_CONTROL_CONNECTIONS));
 
+/// Answers a control connection [`BUSY`] without waiting on it (the main loop calls
+/// this): what the client sent is read as far as it is there, so that closing with it
+/// unread does not reset the connection before the answer is read; an answer the
+/// socket has no room for is dropped, and the client, finding the connection closed
+/// unanswered, asks again as it would a pool on its way out.
+pub fn refuse_busy(mut stream: UnixStream) {
+    if stream.set_nonblocking(true).is_err() {
+        return;
+    }
+    let _ = io::Read::read(&mut stream, &mut [0u8; MAX_LINE]);
+    let _ = writeln!(stream, "error: {BUSY}");
+    let _ = stream.shutdown(std::net::Shutdown::Write);
+}
+
+/// Whether the client of `stream` asks from the pool's network namespace. A tunnel's
+/// TUN belongs in the namespace of whoever asked for it and its UDP sockets where it
+/// was created, which for a pool are one: a request from elsewhere (the socket's
+/// directory is shared by every namespace) is refused, not served in the pool's.
+///
+/// The connection's server end is made in the client's namespace (`unix_stream_connect`
+/// creates it in the connecting socket's), so its namespace cookie is the client's. A
+/// kernel without `SO_NETNS_COOKIE` (before 5.14) cannot tell, and is not refused.
+fn same_namespace(stream: &UnixStream) -> Result<(), String> {
+    let ours =
+        std::os::unix::net::UnixDatagram::unbound().and_then(|s| netns_cookie(s.as_raw_fd()));
+    match (netns_cookie(stream.as_raw_fd()), ours) {
+        (Ok(theirs), Ok(ours)) if theirs != ours => Err(
+            "the request comes from another network namespace than the pool's; run it in \
+             the pool's, or start a pool in yours"
+                .into(),
+        ),
+        _ => Ok(()),
+    }
+}
+
+/// The network namespace cookie of socket `fd`'s namespace.
+fn netns_cookie(fd: RawFd) -> io::Result<u64> {
+    /// `SO_NETNS_COOKIE` from asm-generic/socket.h.
+    const SO_NETNS_COOKIE: libc::c_int = 71;
+    let mut cookie = 0u64;
+    let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into the u64 it is given.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            SO_NETNS_COOKIE,
+            (&mut cookie as *mut u64).cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(cookie)
+}
+
 /// Reads one request from a control connection and writes `handle`'s answer, all
 /// within [`CONTROL_LIMIT`].
 pub fn serve(stream: UnixStream, handle: impl FnOnce(Request) -> Result<String, String>) {
@@ -219,7 +309,9 @@ pub fn serve(stream: UnixStream, handle: impl FnOnce(Request) -> Result<String, 
     let mut line = String::new();
     let read = BufReader::new(io::Read::take(&mut input, MAX_LINE as u64)).read_line(&mut line);
     let answer = match read {
-        Ok(_) if line.ends_with('\n') => Request::parse(line.trim_end()).and_then(handle),
+        Ok(_) if line.ends_with('\n') => same_namespace(&stream)
+            .and_then(|()| Request::parse(line.trim_end()))
+            .and_then(handle),
         _ => Err("request line missing, too long or unterminated".into()),
     };
     let mut w = Timed::new(stream, CONTROL_LIMIT, CONTROL_LIMIT);

@@ -30,6 +30,14 @@ use wirelane_dataplane::{Interface, Runtime, Sockets};
 use wirelane_io::poll::Waker;
 use wirelane_io::tun::Tun;
 
+/// Whether `t`'s TUN device no longer exists (deleted; its descriptor detached).
+fn device_gone(t: &Tunnel) -> bool {
+    t.iface
+        .tun
+        .as_tun()
+        .is_some_and(|tun| tun.current_name().is_err())
+}
+
 /// One tunnel: its interface, its UAPI socket and the connections open on it.
 pub struct Tunnel {
     pub iface: Arc<Interface>,
@@ -146,6 +154,8 @@ struct State {
     tunnels: BTreeMap<String, Tunnel>,
     /// Names a pool request is creating now, outside the lock.
     pending: BTreeSet<String>,
+    /// Of those, the ones a `remove` asked for meanwhile: dropped when their add ends.
+    cancelled: BTreeSet<String>,
     /// The loop has decided to stop: nothing more is added.
     closing: bool,
 }
@@ -189,6 +199,10 @@ impl Supervisor {
     /// Starts serving a tunnel opened by [`open_tunnel`].
     pub fn serve(&self, ifname: &str, t: Tunnel) -> Result<(), String> {
         let mut st = self.lock();
+        self.serve_locked(&mut st, ifname, t)
+    }
+
+    fn serve_locked(&self, st: &mut State, ifname: &str, t: Tunnel) -> Result<(), String> {
         if st.closing {
             return Err(pool::CLOSING.into());
         }
@@ -217,6 +231,15 @@ impl Supervisor {
             if st.closing {
                 return Err(pool::CLOSING.into());
             }
+            // A tunnel of that name whose device is gone (`ip link del`, as `wg-quick
+            // down` does) that the loop has not retired yet: the name is free, so it is
+            // retired here, not refused (`systemctl restart` of one pooled tunnel).
+            if st.tunnels.get(ifname).is_some_and(device_gone) {
+                let t = st.tunnels.remove(ifname).expect("looked up above");
+                drop(st);
+                self.retire(ifname, t, "its device is gone");
+                st = self.lock();
+            }
             if st.tunnels.contains_key(ifname) {
                 return Err(format!("{ifname} is already served by this pool"));
             }
@@ -225,22 +248,35 @@ impl Supervisor {
             }
         }
         let opened = open_tunnel(ifname, self.opts);
-        self.lock().pending.remove(ifname);
+        // The name leaves `pending` and enters `tunnels` under one lock: between the
+        // two, the loop could find neither and close the pool under a finished add.
+        let mut st = self.lock();
+        st.pending.remove(ifname);
+        let served = if st.cancelled.remove(ifname) {
+            Err(format!("{ifname} was removed while it was being added"))
+        } else {
+            opened.and_then(|t| self.serve_locked(&mut st, ifname, t))
+        };
+        drop(st);
         // The loop may have been waiting for this request to end before it decides.
+        // A tunnel that is not served has dropped, and its socket and TUN with it.
         self.changed.wake();
-        // A tunnel that is not served drops here, and its socket and TUN with it.
-        self.serve(ifname, opened?)
+        served
     }
 
     /// Stops serving tunnel `ifname`: its UAPI socket goes first (a new daemon may
     /// take the name at once), then its open UAPI connections and its readers; queued
-    /// work finds it gone.
+    /// work finds it gone. A tunnel still being added is removed as its add ends.
     pub fn remove(&self, ifname: &str, why: &str) -> Result<(), String> {
-        let t = self
-            .lock()
-            .tunnels
-            .remove(ifname)
-            .ok_or_else(|| format!("no tunnel {ifname} in this process"))?;
+        let mut st = self.lock();
+        let Some(t) = st.tunnels.remove(ifname) else {
+            if st.pending.contains(ifname) {
+                st.cancelled.insert(ifname.to_string());
+                return Ok(());
+            }
+            return Err(format!("no tunnel {ifname} in this process"));
+        };
+        drop(st);
         self.retire(ifname, t, why);
         Ok(())
     }
@@ -356,10 +392,13 @@ impl Supervisor {
             if control.is_some() && pfds[2].revents != 0 {
                 match control.map(Control::accept) {
                     Some(Ok(Some(stream))) => match pool::CONTROL_PLACES.take() {
-                        None => tracing::warn!(
-                            limit = pool::MAX_CONTROL_CONNECTIONS,
-                            "pool control: every connection place taken; one closed unanswered"
-                        ),
+                        None => {
+                            tracing::warn!(
+                                limit = pool::MAX_CONTROL_CONNECTIONS,
+                                "pool control: every connection place taken; one told to ask again"
+                            );
+                            pool::refuse_busy(stream);
+                        }
                         Some(place) => {
                             let me = self.clone();
                             let spawned = std::thread::Builder::new()
