@@ -193,13 +193,18 @@ impl<T: Ordered> OrderedQueue<T> {
 
     /// Takes `n` packets of `bytes` off the counts (with the lock held). This queue is
     /// the last under its budget, so they count as drained.
-    /// Counts `n` packets of `bytes` out, done with: the budget's drain rate counts them.
     fn count_out(&self, n: usize, bytes: usize) {
         self.packets.fetch_sub(n, Ordering::Relaxed);
         self.bytes.fetch_sub(bytes, Ordering::Relaxed);
         if let Some(b) = &self.budget {
             b.sub(n);
         }
+    }
+
+    /// Whether `npackets` more fit now, in this queue and in its budget.
+    pub fn has_room(&self, npackets: usize) -> bool {
+        self.packets.load(Ordering::Relaxed) + npackets <= MAX_QUEUED_PACKETS
+            && self.budget.as_ref().is_none_or(|b| b.fits(npackets))
     }
 
     /// Waits (at most `timeout`) until `npackets` more fit. Only I/O reader threads call

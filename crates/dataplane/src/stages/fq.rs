@@ -48,6 +48,9 @@ fn ring_room(peer: &Peer) -> (usize, usize) {
 /// fattest flow, or, with nothing of the peer's queued, drops the new packet.
 pub fn enqueue(c: StageCtx<'_>, peer: &Arc<Peer>, packets: Vec<Packet>, now: u64) {
     let mut overflow = 0u64;
+    if !peer.tx_fq.budget_fits(packets.len()) {
+        super::tx_flush::send_plugged_before_waiting(c);
+    }
     {
         let mut q = peer.tx_fq.lock_with_room(packets.len(), BACKPRESSURE_WAIT);
         let mut room = q.budget_room();

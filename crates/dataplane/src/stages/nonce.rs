@@ -48,6 +48,9 @@ pub fn enqueue_routed(c: StageCtx<'_>, groups: Vec<(Arc<Peer>, Vec<Packet>)>) {
     for (peer, mut group) in groups {
         while !group.is_empty() {
             let rest = group.split_off(group.len().min(MAX_BATCH));
+            if !peer.tx_queue.has_room(group.len()) {
+                super::tx_flush::send_plugged_before_waiting(c);
+            }
             peer.tx_queue.wait_for_room(group.len(), BACKPRESSURE_WAIT);
             assign_and_enqueue(c, &peer, group, Budget::Enforced);
             group = rest;

@@ -16,9 +16,13 @@
 //! each of 64 peers, and each was a `sendmsg` of its own; plugged, they are one
 //! `sendmmsg`. Order: a peer's claim is held from its drain until its datagrams have
 //! left, so no other thread's flush of the peer can send a later batch first.
-//! Invariant the plug relies on: a reader enqueues each peer once per read (`route`
-//! groups by peer), before any flush of that peer in the same read, so a reader never
-//! waits for room (`nonce::enqueue_routed`) that only its own plug's claims can make.
+//! Race (a reader waiting on itself): while the plug holds a peer's claim, batches of
+//! that peer finished meanwhile stay queued, counted in the interface's transmit
+//! budget; a later group of the same read waiting for budget room might wait for room
+//! only the plug can make, and drop after the backpressure wait. So a reader about to
+//! wait sends what its plug holds first ([`send_plugged_before_waiting`]). (A reader
+//! enqueues each peer once per read, `route` grouping by peer, so its own queue's room
+//! is never held by its plug.)
 
 use super::nonce::step;
 use super::StageCtx;
@@ -330,6 +334,36 @@ pub fn plugged<R>(c: StageCtx<'_>, f: impl FnOnce() -> R) -> R {
         return f();
     }
     let r = catch_unwind(AssertUnwindSafe(f));
+    let panicked = send_held(c);
+    PLUG.set(None);
+    match (r, panicked) {
+        (Ok(r), None) => r,
+        (Err(p), _) | (Ok(_), Some(p)) => resume_unwind(p),
+    }
+}
+
+/// Sends what this thread's plug holds before the reader waits for room in `c`'s
+/// interface: the claims the plug holds keep the workers from draining those peers'
+/// queues, so the room that the wait is for might only come from the plug itself, and
+/// the reader would wait out the whole [`BACKPRESSURE_WAIT`](super::nonce) and then
+/// drop. The plug stays in place for the rest of the read.
+pub fn send_plugged_before_waiting(c: StageCtx<'_>) {
+    let holds = PLUG.with_borrow(|p| {
+        p.as_ref()
+            .is_some_and(|p| p.iface == c.iface.id && !p.held.is_empty())
+    });
+    if holds {
+        if let Some(p) = send_held(c) {
+            resume_unwind(p);
+        }
+    }
+}
+
+/// Sends and finishes every flush this thread's plug holds, and releases their claims,
+/// again for the flushes that this plugs meanwhile (a pump, a release that found
+/// more), until it holds none. A panic in the sends (a bug) is caught until every
+/// claim is released (what was not sent is lost), and returned.
+fn send_held(c: StageCtx<'_>) -> Option<Box<dyn std::any::Any + Send>> {
     let mut panicked = None;
     loop {
         let held = PLUG.with_borrow_mut(|p| p.as_mut().map(|p| std::mem::take(&mut p.held)));
@@ -354,11 +388,7 @@ pub fn plugged<R>(c: StageCtx<'_>, f: impl FnOnce() -> R) -> R {
         }
         release_claims(c, &held);
     }
-    PLUG.set(None);
-    match (r, panicked) {
-        (Ok(r), None) => r,
-        (Err(p), _) | (Ok(_), Some(p)) => resume_unwind(p),
-    }
+    panicked
 }
 
 #[cfg(test)]
