@@ -30,6 +30,19 @@ use wirelane_dataplane::{Interface, Runtime, Sockets};
 use wirelane_io::poll::Waker;
 use wirelane_io::tun::Tun;
 
+/// A name `add` reserved (`pending`), given back if the add unwinds.
+struct Reserved<'a>(&'a Supervisor, &'a str);
+
+impl Drop for Reserved<'_> {
+    fn drop(&mut self) {
+        let mut st = self.0.lock();
+        st.pending.remove(self.1);
+        st.cancelled.remove(self.1);
+        drop(st);
+        self.0.changed.wake();
+    }
+}
+
 /// Whether `t`'s TUN device no longer exists (deleted; its descriptor detached).
 fn device_gone(t: &Tunnel) -> bool {
     t.iface
@@ -247,7 +260,11 @@ impl Supervisor {
                 return Err(format!("{ifname} is being added to this pool already"));
             }
         }
+        // A panic while opening (a bug) must not leave the name reserved for good: the
+        // pool could never add it, nor exit when its last tunnel goes.
+        let reserved = Reserved(self, ifname);
         let opened = open_tunnel(ifname, self.opts);
+        std::mem::forget(reserved);
         // The name leaves `pending` and enters `tunnels` under one lock: between the
         // two, the loop could find neither and close the pool under a finished add.
         let mut st = self.lock();

@@ -145,6 +145,26 @@ pub fn current_cpu() -> usize {
     c.max(0) as usize
 }
 
+/// The CPUs the calling thread may run on (its affinity mask: a cpuset, `taskset`),
+/// in order; all online CPUs if the mask cannot be read.
+pub fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: cpu_set_t is plain data; sched_getaffinity fills at most its size, and
+    // the CPU_* macros stay within it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            return (0..cpus()).collect();
+        }
+        let all = 8 * std::mem::size_of::<libc::cpu_set_t>();
+        let allowed: Vec<usize> = (0..all).filter(|&c| libc::CPU_ISSET(c, &set)).collect();
+        if allowed.is_empty() {
+            (0..cpus()).collect()
+        } else {
+            allowed
+        }
+    }
+}
+
 /// Online CPUs.
 pub fn cpus() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
@@ -153,6 +173,22 @@ pub fn cpus() -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Pinning follows the mask the thread was given (a cpuset), not CPU numbers
+    /// from 0: a thread allowed only its last CPU is told that one, and pins to it.
+    #[test]
+    fn the_cpus_allowed_are_those_of_the_affinity_mask() {
+        let all = allowed_cpus();
+        assert!(!all.is_empty());
+        let last = *all.last().unwrap();
+        std::thread::spawn(move || {
+            assert!(pin_to(last));
+            assert_eq!(allowed_cpus(), [last]);
+            assert_eq!(current_cpu(), last);
+        })
+        .join()
+        .unwrap();
+    }
 
     #[test]
     fn spawned_threads_are_listed_while_they_run() {

@@ -70,13 +70,15 @@ enum Priority {
 
 impl Softirq {
     pub fn start(workers: usize, shared: Shared) -> std::io::Result<Arc<dyn ExecModel>> {
-        let cpus = threads::cpus();
+        // The CPUs this process may use (under a cpuset they need not start at 0),
+        // one per core in turn.
+        let cpus = threads::allowed_cpus();
         let cores = (0..workers)
             .map(|i| {
                 let (work_tx, work_rx) = crossbeam_channel::unbounded();
                 let (poll_tx, poll_rx) = crossbeam_channel::unbounded();
                 Core {
-                    cpu: i % cpus,
+                    cpu: cpus[i % cpus.len()],
                     work_tx,
                     work_rx,
                     poll_tx,
