@@ -120,10 +120,16 @@ pub fn ask(path: &PathBuf, req: &Request) -> io::Result<Result<String, String>> 
     let mut s = UnixStream::connect(path)?;
     // Adding a tunnel creates an interface and sockets: seconds at worst.
     s.set_read_timeout(Some(Duration::from_secs(30)))?;
-    writeln!(s, "{}", req.line())?;
+    // A busy pool answers without reading the request and closes (`refuse_busy`): the
+    // write may then fail, and its answer is still there to read.
+    let wrote = writeln!(s, "{}", req.line());
     let mut answer = String::new();
     // A `list` answer names every tunnel of the pool on one line.
-    BufReader::new(io::Read::take(s, 64 * 1024)).read_line(&mut answer)?;
+    let read = BufReader::new(io::Read::take(s, 64 * 1024)).read_line(&mut answer);
+    if answer.trim_end().is_empty() {
+        wrote?;
+        read?;
+    }
     let answer = answer.trim_end();
     if answer.is_empty() {
         // Closed unanswered: the pool exited while the request waited.
@@ -340,6 +346,29 @@ mod tests {
         assert!(CONTROL_PLACES.take().is_none());
         drop(held);
         assert!(CONTROL_PLACES.take().is_some());
+    }
+
+    /// A busy pool's answer is read whether or not the pool closed before the request
+    /// was written (the write then fails with EPIPE): it is a refusal to ask again,
+    /// not a pool that went away.
+    #[test]
+    fn a_busy_answer_is_read_even_when_the_request_could_not_be_written() {
+        let dir = std::env::temp_dir().join(format!("wl-busy-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("ctl");
+        let listener = UnixListener::bind(&path).unwrap();
+        let server = std::thread::spawn(move || {
+            for _ in 0..20 {
+                let (s, _) = listener.accept().unwrap();
+                refuse_busy(s);
+            }
+        });
+        for _ in 0..20 {
+            let answer = ask(&path, &Request::List).unwrap();
+            assert_eq!(answer, Err(BUSY.to_string()));
+        }
+        server.join().unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -221,14 +221,17 @@ fn expect(b: &[u8], kind: Kind) -> Result<(), ParseError> {
 }
 
 /// Length of a transport payload padded to a multiple of 16 bytes (whitepaper §5.4.6),
-/// but never padded beyond the tunnel MTU (a full-MTU packet is sent as it is).
+/// but never padded beyond the tunnel MTU (a full-MTU packet is sent as it is), as the
+/// kernel pads (`calculate_skb_padding`): a packet longer than the MTU (a route's own
+/// MTU below the device's) has the remainder past its last whole MTU padded, so its
+/// length is hidden as well; an MTU of 0 (unknown) pads to 16 without a bound.
 pub fn padded_len(len: usize, mtu: usize) -> usize {
-    let padded = (len + 15) & !15;
-    if padded > mtu {
-        mtu.max(len)
-    } else {
-        padded
+    let align = |n: usize| (n + 15) & !15;
+    if mtu == 0 {
+        return align(len);
     }
+    let last_unit = if len > mtu { len % mtu } else { len };
+    len - last_unit + mtu.min(align(last_unit))
 }
 
 #[cfg(test)]
@@ -289,5 +292,12 @@ mod tests {
         assert_eq!(padded_len(1419, 1420), 1420);
         assert_eq!(padded_len(1420, 1420), 1420);
         assert_eq!(padded_len(1413, 1420), 1420);
+        // Past the MTU (a route's own MTU below the packet), and with none known, as
+        // the kernel's calculate_skb_padding.
+        assert_eq!(padded_len(1400, 1280), 1408);
+        assert_eq!(padded_len(2560, 1280), 2560);
+        assert_eq!(padded_len(2561, 1280), 2576);
+        assert_eq!(padded_len(5, 0), 16);
+        assert_eq!(padded_len(0, 0), 0);
     }
 }

@@ -27,7 +27,9 @@ pub struct RateLimiter {
 }
 
 fn key(ip: IpAddr) -> u128 {
-    match ip {
+    // An IPv4 source seen as IPv4-mapped IPv6 is keyed as the IPv4 address it is, not
+    // with every other IPv4 source in the one `::ffff:0:0/64` bucket.
+    match ip.to_canonical() {
         IpAddr::V4(a) => u32::from(a) as u128,
         // One bucket per /64: an attacker usually controls a whole /64.
         IpAddr::V6(a) => (u128::from(a) >> 64) | (1 << 127),
@@ -117,6 +119,14 @@ mod tests {
         assert!(!r.allow("2001:db8::2".parse().unwrap(), t));
         assert!(r.allow("2001:db8:0:1::1".parse().unwrap(), t));
         assert!(r.allow("192.0.2.9".parse().unwrap(), t));
+        // IPv4 sources seen as IPv4-mapped IPv6 are as independent as IPv4 ones, and
+        // share the bucket of the same address seen as IPv4.
+        for _ in 0..4 {
+            assert!(r.allow("::ffff:198.51.100.1".parse().unwrap(), t));
+        }
+        assert!(r.allow("::ffff:198.51.100.2".parse().unwrap(), t));
+        assert!(r.allow("198.51.100.1".parse().unwrap(), t));
+        assert!(!r.allow("::ffff:198.51.100.1".parse().unwrap(), t));
     }
 
     #[test]
