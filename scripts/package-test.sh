@@ -49,7 +49,7 @@ sed "s#/usr/bin/wirelane#$root/usr/bin/wirelane#" \
     "$root/lib/systemd/system/wirelane-pool@.service" >"$units/wirelane-pool@.service"
 systemd-analyze verify --man=no "$units/wirelane-pool@.service"
 
-for script in postinst postrm; do
+for script in postinst prerm postrm; do
     sh -n "$root/var/lib/dpkg/info/wirelane.$script" || fail "$script does not parse"
 done
 zcat "$root/usr/share/doc/wirelane/changelog.gz" | grep -q "^wirelane (" || fail "changelog"

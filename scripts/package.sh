@@ -51,6 +51,26 @@ fi
 SCRIPT
     chmod 755 "$root/DEBIAN/$script"
 done
+# Removal (not an upgrade): the tunnels the package's units run go down with it, and
+# instances enabled at boot are disabled, so that no link is left to a unit file that
+# is gone. Tunnel units stop before the pools they are bound to (their After=).
+cat >"$root/DEBIAN/prerm" <<'SCRIPT'
+#!/bin/sh
+set -e
+if [ "$1" = remove ] && [ -z "${DPKG_ROOT:-}" ] && [ -d /run/systemd/system ]; then
+    running=$(systemctl list-units --all --plain --no-legend \
+        'wirelane@*.service' 'wirelane-pool@*.service' | awk '{print $1}')
+    enabled=$(find /etc/systemd/system -path '*.wants/wirelane@*.service' \
+        -o -path '*.wants/wirelane-pool@*.service' 2>/dev/null | xargs -r -n1 basename | sort -u)
+    if [ -n "$running" ]; then
+        systemctl stop $running || true
+    fi
+    if [ -n "$enabled" ]; then
+        systemctl disable $enabled >/dev/null 2>&1 || true
+    fi
+fi
+SCRIPT
+chmod 755 "$root/DEBIAN/prerm"
 
 cat >"$root/DEBIAN/control" <<CONTROL
 Package: wirelane

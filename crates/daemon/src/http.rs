@@ -255,7 +255,12 @@ fn serve(stream: TcpStream, render: &Render, place: Place) {
     // left a window in which a scraper that reconnects at once (or the next of a
     // test's clients) found the place still taken and got a 503.
     drop(place);
-    let _ = stream.shutdown(Shutdown::Both);
+    // Closed with input unread (a request's body, a pipelined request, the rest of a
+    // head past its bound), the socket would send a reset, which can discard the
+    // answer's tail before the client reads it: end our side, take what the client
+    // still sends (bounded in bytes and time), then close.
+    let _ = stream.shutdown(Shutdown::Write);
+    drain(&stream, Duration::from_millis(100));
 }
 
 /// The writer of an answer on `stream`: the client has [`WRITE_DEADLINE`] to take it.

@@ -72,9 +72,42 @@ pub fn retry_while_exiting<T>(mut create: impl FnMut() -> io::Result<T>) -> io::
     }
 }
 
+/// Creates the socket directory if it is missing (mode 0755, as wireguard-go does,
+/// whatever the umask allows beyond it), and refuses one that anyone but root (or
+/// us) owns or that others may write to: they could delete a tunnel's socket, which
+/// stops the tunnel, or put their own in its place and be handed the private key of
+/// the next `wg setconf`.
+pub fn ensure_socket_dir() -> io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o755)
+        .create(SOCKET_DIR)
+        .map_err(|e| io::Error::new(e.kind(), format!("cannot create {SOCKET_DIR}: {e}")))?;
+    let m = std::fs::symlink_metadata(SOCKET_DIR)?;
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    let unsafe_dir = if !m.is_dir() {
+        Some("it is not a directory")
+    } else if m.uid() != 0 && m.uid() != me {
+        Some("another user owns it")
+    } else if m.mode() & 0o002 != 0 {
+        Some("anyone may write to it")
+    } else {
+        None
+    };
+    match unsafe_dir {
+        Some(why) => Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!("refusing {SOCKET_DIR} for the UAPI sockets: {why}"),
+        )),
+        None => Ok(()),
+    }
+}
+
 impl UapiListener {
     pub fn bind(ifname: &str) -> io::Result<UapiListener> {
-        std::fs::create_dir_all(SOCKET_DIR)?;
+        ensure_socket_dir()?;
         let path = socket_path(ifname);
         if path.exists() {
             ensure_not_served(ifname)?;

@@ -512,6 +512,21 @@ fn main() -> ExitCode {
             return control(p, Request::List);
         }
     }
+    // wireguard-go's environment: its foreground switch is honoured; descriptors
+    // handed over by a parent are not supported, and refused rather than ignored (a
+    // second TUN of the same name would be created beside the caller's).
+    if std::env::var("WG_PROCESS_FOREGROUND").is_ok_and(|v| v == "1") {
+        cli.foreground = true;
+    }
+    for var in ["WG_TUN_FD", "WG_UAPI_FD"] {
+        if std::env::var_os(var).is_some() {
+            eprintln!(
+                "wirelane: {var} is set, but wirelane opens its own TUN device and UAPI \
+                 socket; unset it"
+            );
+            return ExitCode::from(2);
+        }
+    }
     let detached = std::env::var_os(daemonize::READY_FD_ENV).is_some();
     if !cli.foreground && !detached {
         // Re-run ourselves in the background with the same arguments.

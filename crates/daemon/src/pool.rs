@@ -181,7 +181,7 @@ impl Control {
     /// Binds pool `name`'s control socket; AddrInUse when a live pool already answers
     /// there (join it instead). A socket nobody answers on is stale and replaced.
     pub fn bind(name: &str) -> io::Result<Control> {
-        std::fs::create_dir_all(crate::listener::SOCKET_DIR)?;
+        crate::listener::ensure_socket_dir()?;
         let path = control_path(name)?;
         // Race: two processes starting pool `name` at once (after a crash left a stale
         // socket) could each find it dead, and the second unlink the first's new

@@ -255,11 +255,13 @@ fn apply_errno(e: &ApplyError) -> i32 {
 }
 
 /// Answers a request that cannot be read on, before the connection closes; returns
-/// the error for the log. EMSGSIZE for a line or a request past its bound, EINVAL for
-/// one that is not UTF-8; a failed read gets no answer.
+/// the error for the log. EMSGSIZE for a line or a request past its bound, EPROTO for
+/// a stream that ended inside a line, EINVAL for one that is not UTF-8; a failed read
+/// gets no answer.
 fn refuse_unreadable(writer: &mut impl Write, e: io::Error) -> io::Error {
     let errno = match e.kind() {
         io::ErrorKind::FileTooLarge => libc::EMSGSIZE,
+        io::ErrorKind::UnexpectedEof => libc::EPROTO,
         io::ErrorKind::InvalidData => libc::EINVAL,
         _ => return e,
     };
@@ -281,11 +283,15 @@ fn read_line(r: &mut impl BufRead, buf: &mut Vec<u8>) -> io::Result<Option<Strin
         return Ok(None);
     }
     if buf.last() != Some(&b'\n') {
-        // At MAX_LINE bytes, or at the end of the stream.
-        return Err(io::Error::new(
-            io::ErrorKind::FileTooLarge,
-            "UAPI line too long or unterminated",
-        ));
+        // Past MAX_LINE bytes, or the stream ended inside the line.
+        return Err(if n > MAX_LINE {
+            io::Error::new(io::ErrorKind::FileTooLarge, "UAPI line too long")
+        } else {
+            io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "UAPI stream ended inside a line",
+            )
+        });
     }
     buf.pop();
     String::from_utf8(std::mem::take(buf))
