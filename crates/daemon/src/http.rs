@@ -154,6 +154,12 @@ pub fn parse_request_line(head: &[u8]) -> Request {
         return Request::BadRequest;
     };
     let token = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_alphabetic());
+    // The absolute form (`http://host:port/metrics`), which a server must accept (RFC
+    // 9112 §3.2.2): the path is what follows the authority.
+    let target = match target.strip_prefix("http://") {
+        Some(rest) => rest.find('/').map_or("/", |i| &rest[i..]),
+        None => target,
+    };
     if !token(method) || !version.starts_with("HTTP/1.") || !target.starts_with('/') {
         return Request::BadRequest;
     }
@@ -333,6 +339,13 @@ mod tests {
             ("GET  /metrics HTTP/1.1\r\n", Request::BadRequest),
             ("G\u{e9}T /metrics HTTP/1.1\r\n", Request::BadRequest),
             ("GET metrics HTTP/1.1\r\n", Request::BadRequest),
+            (
+                "GET http://10.0.0.1:9586/metrics HTTP/1.1\r\n",
+                Request::Metrics,
+            ),
+            ("GET http://h/metrics?x HTTP/1.1\r\n", Request::Metrics),
+            ("GET http://h HTTP/1.1\r\n", Request::NotFound),
+            ("GET https://h/metrics HTTP/1.1\r\n", Request::BadRequest),
             ("", Request::BadRequest),
         ] {
             assert_eq!(parse_request_line(line.as_bytes()), want, "{line:?}");

@@ -25,6 +25,9 @@ pub struct UapiListener {
     path: PathBuf,
     inode: u64,
     watch: OwnedFd,
+    /// Its file was removed (`remove`): dropping does not try again, where a successor
+    /// may have made a file that the inode alone could take for ours.
+    removed: std::sync::atomic::AtomicBool,
 }
 
 pub fn socket_path(ifname: &str) -> PathBuf {
@@ -120,6 +123,7 @@ impl UapiListener {
             path,
             inode,
             watch,
+            removed: Default::default(),
         })
     }
 
@@ -157,9 +161,11 @@ impl UapiListener {
         }
     }
 
-    /// Removes the socket file if it is still ours.
+    /// Removes the socket file if it is still ours (once).
     pub fn remove(&self) {
-        remove_if_ours(&self.path, self.inode);
+        if !self.removed.swap(true, Ordering::SeqCst) {
+            remove_if_ours(&self.path, self.inode);
+        }
     }
 }
 
@@ -167,12 +173,17 @@ impl UapiListener {
 /// 0600, from the moment it exists); returns it with the socket file's inode, by which
 /// [`remove_if_ours`] later tells our file from a successor's.
 pub fn bind_private(path: &Path) -> io::Result<(UnixListener, u64)> {
+    // The mask is the process's: two binds at once (a pool adding tunnels) could each
+    // restore the other's. One at a time.
+    static UMASK: Mutex<()> = Mutex::new(());
+    let umask_held = UMASK.lock().unwrap_or_else(|p| p.into_inner());
     // SAFETY: umask only changes this process's file-creation mask. It is set around
     // bind so the socket never exists with looser permissions, even briefly.
     let old = unsafe { libc::umask(0o077) };
     let bound = UnixListener::bind(path);
     // SAFETY: as above, restoring the previous mask.
     unsafe { libc::umask(old) };
+    drop(umask_held);
     let listener = bound?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
     listener.set_nonblocking(true)?;
