@@ -54,25 +54,12 @@ fn uapi_owner(ifname: &str) -> u32 {
     }
 }
 
-/// Runs the wirelane binary in `ns` with `args` and returns its output.
 fn wirelane(ns: &Netns, args: &[&str]) -> std::process::Output {
-    Command::new("ip")
-        .args(["netns", "exec", &ns.name, env!("CARGO_BIN_EXE_wirelane")])
-        .args(args)
-        .env("LOG_LEVEL", "error")
-        .output()
-        .unwrap()
+    run_wirelane(env!("CARGO_BIN_EXE_wirelane"), ns, args)
 }
 
 fn list(ns: &Netns, pool: &str) -> Vec<String> {
-    let o = wirelane(ns, &["--pool", pool, "--list"]);
-    assert!(o.status.success(), "{o:?}");
-    let mut names: Vec<String> = String::from_utf8_lossy(&o.stdout)
-        .lines()
-        .map(str::to_string)
-        .collect();
-    names.sort();
-    names
+    pool_tunnels(env!("CARGO_BIN_EXE_wirelane"), ns, pool)
 }
 
 fn sorted(names: &[&String]) -> Vec<String> {

@@ -12,23 +12,12 @@ use wirelane_lab::testbed::*;
 
 const BIN: &str = env!("CARGO_BIN_EXE_wirelane");
 
-/// Runs the wirelane binary in `ns` with `args` and returns its output.
 fn wirelane(ns: &Netns, args: &[&str]) -> std::process::Output {
-    Command::new("ip")
-        .args(["netns", "exec", &ns.name, BIN])
-        .args(args)
-        .env("LOG_LEVEL", "error")
-        .output()
-        .unwrap()
+    run_wirelane(BIN, ns, args)
 }
 
 fn list(ns: &Netns, pool: &str) -> Vec<String> {
-    let o = wirelane(ns, &["--pool", pool, "--list"]);
-    assert!(o.status.success(), "{o:?}");
-    String::from_utf8_lossy(&o.stdout)
-        .lines()
-        .map(str::to_string)
-        .collect()
+    pool_tunnels(BIN, ns, pool)
 }
 
 /// An empty pool that stays, in `ns`, answering once this returns.

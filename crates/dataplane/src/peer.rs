@@ -229,19 +229,10 @@ mod tests {
     #[test]
     fn a_removal_counts_what_it_drops() {
         use crate::packet::Batch;
-        use wirelane_proto::handshake::SessionKeys;
-        use wirelane_proto::Keypair;
         let budgets = Budgets::default();
         let peer = Peer::new(1, [7; 32], [0; 32], &budgets);
         let packets = |n: usize| (0..n).map(|_| Packet::with_capacity(4)).collect::<Vec<_>>();
-        let keys = SessionKeys {
-            send: [1; 32],
-            recv: [1; 32],
-            local_index: 7,
-            remote_index: 9,
-            is_initiator: false,
-        };
-        let kp = Arc::new(Keypair::new(&keys, std::time::Duration::ZERO));
+        let kp = Arc::new(wirelane_proto::sim::keypair(false));
         assert_eq!(peer.stage(packets(3)), 0);
         assert!(peer.tx_queue.push(Batch::new(kp.clone(), packets(5)), 5));
         assert!(peer.rx_queue.push(Batch::new(kp, packets(2)), 2));

@@ -13,8 +13,6 @@ use wirelane_dataplane::exec::Model;
 use wirelane_dataplane::memory::rig::Rig;
 use wirelane_dataplane::packet::{Batch, Packet};
 use wirelane_dataplane::stages::{fq, tx_flush};
-use wirelane_proto::handshake::SessionKeys;
-use wirelane_proto::Keypair;
 
 fn packets(n: usize) -> Vec<Packet> {
     (0..n).map(|_| Packet::with_capacity(4)).collect()
@@ -33,14 +31,7 @@ fn a_reader_never_waits_for_room_its_own_plug_holds() {
             .clone()
     };
     let (p, q) = (route(1), route(2));
-    let keys = SessionKeys {
-        send: [1; 32],
-        recv: [1; 32],
-        local_index: 7,
-        remote_index: 9,
-        is_initiator: true,
-    };
-    let kp = Arc::new(Keypair::new(&keys, Duration::ZERO));
+    let kp = Arc::new(wirelane_proto::sim::keypair(true));
     let done = |n: usize| {
         let b = Batch::new(kp.clone(), packets(n));
         b.mark_done();

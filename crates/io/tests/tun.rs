@@ -8,28 +8,15 @@
 
 use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
 use std::os::fd::AsRawFd;
-use std::process::Command;
 use std::time::{Duration, Instant};
 use wirelane_io::offload::{coalesce, split, VnetHdr, VNET_HDR_LEN};
 use wirelane_io::tun::Tun;
 
+mod common;
+use common::ip_here;
+
 const ME: Ipv4Addr = Ipv4Addr::new(10, 9, 0, 1);
 const OTHER: Ipv4Addr = Ipv4Addr::new(10, 9, 0, 2);
-
-/// Runs `ip ARGS` in the calling thread's network namespace.
-fn ip_here(args: &str) {
-    // SAFETY: gettid has no preconditions.
-    let tid = unsafe { libc::gettid() };
-    // Not /proc/self: that would be nsenter's own.
-    let ns = format!("/proc/{}/task/{tid}/ns/net", std::process::id());
-    let st = Command::new("nsenter")
-        .arg(format!("--net={ns}"))
-        .arg("ip")
-        .args(args.split_whitespace())
-        .status()
-        .expect("nsenter runs");
-    assert!(st.success(), "ip {args}");
-}
 
 fn checksum(data: &[u8]) -> u16 {
     let mut sum: u32 = data

@@ -4,22 +4,11 @@
 //! Runs in a network namespace of its own whose loopback has a small MTU.
 
 use std::net::SocketAddr;
-use std::process::Command;
 use std::time::{Duration, Instant};
 use wirelane_io::udp::{RecvBatch, UdpSocket, NOT_ECT};
 
-fn ip_here(args: &str) {
-    // SAFETY: gettid has no preconditions.
-    let tid = unsafe { libc::gettid() };
-    let ns = format!("/proc/{}/task/{tid}/ns/net", std::process::id());
-    let st = Command::new("nsenter")
-        .arg(format!("--net={ns}"))
-        .arg("ip")
-        .args(args.split_whitespace())
-        .status()
-        .expect("nsenter runs");
-    assert!(st.success(), "ip {args}");
-}
+mod common;
+use common::ip_here;
 
 /// Receives until `want` datagrams came or 2 s passed; each coalesced buffer split.
 fn receive(sock: &UdpSocket, want: usize) -> Vec<Vec<u8>> {

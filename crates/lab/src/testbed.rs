@@ -293,6 +293,29 @@ pub fn wait_until(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool)
     }
 }
 
+/// Runs the wirelane binary `bin` in `ns` with `args` (logging errors only) and
+/// returns its output.
+pub fn run_wirelane(bin: &str, ns: &Netns, args: &[&str]) -> std::process::Output {
+    std::process::Command::new("ip")
+        .args(["netns", "exec", &ns.name, bin])
+        .args(args)
+        .env("LOG_LEVEL", "error")
+        .output()
+        .unwrap()
+}
+
+/// The tunnels pool `pool` in `ns` serves, sorted (`bin --pool POOL --list`).
+pub fn pool_tunnels(bin: &str, ns: &Netns, pool: &str) -> Vec<String> {
+    let o = run_wirelane(bin, ns, &["--pool", pool, "--list"]);
+    assert!(o.status.success(), "{o:?}");
+    let mut names: Vec<String> = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect();
+    names.sort();
+    names
+}
+
 /// Whether interface `ifname` exists in namespace `ns`.
 pub fn link_exists(ns: &Netns, ifname: &str) -> bool {
     ns.try_run_ok(&format!("ip link show dev {ifname}"))

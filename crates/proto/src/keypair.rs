@@ -221,14 +221,7 @@ mod tests {
     }
 
     fn keypair() -> Keypair {
-        let keys = SessionKeys {
-            send: [1; 32],
-            recv: [1; 32],
-            local_index: 7,
-            remote_index: 9,
-            is_initiator: false,
-        };
-        Keypair::new(&keys, Duration::ZERO)
+        crate::sim::keypair(false)
     }
 
     fn holds_window(kp: &Keypair) -> bool {

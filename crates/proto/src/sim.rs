@@ -107,6 +107,19 @@ pub fn key(seed: u8) -> [u8; 32] {
     k
 }
 
+/// A keypair of fixed keys made without a handshake, for tests that need one in hand
+/// (queues, batches, limits), not a session with a peer.
+pub fn keypair(is_initiator: bool) -> crate::Keypair {
+    let keys = crate::handshake::SessionKeys {
+        send: [1; 32],
+        recv: [1; 32],
+        local_index: 7,
+        remote_index: 9,
+        is_initiator,
+    };
+    crate::Keypair::new(&keys, Duration::ZERO)
+}
+
 impl Node {
     pub fn new(
         private: [u8; 32],

@@ -289,8 +289,6 @@ mod tests {
     use crate::sockets::Sockets;
     use std::panic::{catch_unwind, AssertUnwindSafe};
     use std::sync::atomic::AtomicUsize;
-    use wirelane_proto::handshake::SessionKeys;
-    use wirelane_proto::Keypair;
 
     /// Counts the serial stages it is asked to run.
     #[derive(Default)]
@@ -314,14 +312,7 @@ mod tests {
         let sockets = Sockets::bind(0, 0).unwrap();
         let iface = Interface::new(Box::new(tun), sockets, QueuePolicy::default()).unwrap();
         let peer = Arc::new(Peer::new(1, [7; 32], [0; 32], &Budgets::default()));
-        let keys = SessionKeys {
-            send: [1; 32],
-            recv: [1; 32],
-            local_index: 7,
-            remote_index: 9,
-            is_initiator: false,
-        };
-        let kp = Arc::new(Keypair::new(&keys, Duration::ZERO));
+        let kp = Arc::new(wirelane_proto::sim::keypair(false));
         let packets = (0..3).map(|_| Packet::with_capacity(4)).collect();
         let batch = Batch::new(kp, packets);
         assert!(peer.tx_queue.push(batch.clone(), 3));
