@@ -33,8 +33,12 @@ use wirelane_proto::cookie::Gate;
 use wirelane_proto::messages::Kind;
 use wirelane_proto::{AllowedIps, IndexTable, LocalIdentity};
 
-/// Sources the handshake rate limiter tracks at most.
-pub const RATE_LIMITER_CAPACITY: usize = 16_384;
+/// Sources the handshake rate limiter tracks at most, as the kernel's (8 times its
+/// table of 8,192 on a machine with more than 1 GiB): with the table full, new sources
+/// are refused while under load, so the bound is what an attacker holding many IPv6
+/// /64s must keep refreshed to lock new peers out. About 3 MiB when full, and only
+/// while the sources keep sending.
+pub const RATE_LIMITER_CAPACITY: usize = 65_536;
 
 /// A handshake message waiting for the handshake stage.
 pub struct HandshakeJob {
