@@ -48,6 +48,10 @@ pub const EXITING_OWNER_WAIT: Duration = Duration::from_secs(1);
 pub fn ensure_not_served(ifname: &str) -> io::Result<()> {
     let path = socket_path(ifname);
     let deadline = Instant::now() + EXITING_OWNER_WAIT;
+    // Each probe is a connection the owner accepts and serves: a few milliseconds
+    // apart at first (an exiting owner goes within one), then further apart, so that
+    // a live owner sees a dozen, not hundreds.
+    let mut pause = Duration::from_millis(5);
     while UnixStream::connect(&path).is_ok() {
         if Instant::now() >= deadline {
             return Err(io::Error::new(
@@ -55,7 +59,8 @@ pub fn ensure_not_served(ifname: &str) -> io::Result<()> {
                 format!("{} is already served by another process", path.display()),
             ));
         }
-        std::thread::sleep(Duration::from_millis(5));
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(100));
     }
     Ok(())
 }
