@@ -328,7 +328,21 @@ pub fn link_exists(ns: &Netns, ifname: &str) -> bool {
 pub struct Reaped(pub std::process::Child);
 
 impl Drop for Reaped {
+    /// SIGTERM first, so that a daemon removes what it made (its sockets and their
+    /// lock files, its interfaces), which SIGKILL would leave behind; SIGKILL if it has
+    /// not ended within 5 s.
     fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            // SAFETY: kill has no memory preconditions; the pid is our unreaped child.
+            unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = self.0.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
