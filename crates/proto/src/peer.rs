@@ -471,12 +471,13 @@ impl PeerState {
         if fired.retransmit_handshake {
             if self.handshake_attempts > MAX_TIMER_HANDSHAKES {
                 // Give up: drop what waited for this handshake, and make sure the keys
-                // are wiped eventually even if no session ever existed.
+                // are wiped eventually even if no session ever existed. As the kernel
+                // (`wg_expired_retransmit_handshake`), the initiation in flight stays
+                // until then: a late response to it still completes the handshake. A
+                // cookie reply no longer resends it.
                 self.timers.send_keepalive = None;
                 out.push(Output::DropStaged);
-                if let Some(i) = self.handshake.clear() {
-                    ctx.indices.release(i);
-                }
+                self.resendable = None;
                 if self.timers.zero_key_material.is_none() {
                     self.timers.zero_key_material = Some(ctx.now + 3 * REJECT_AFTER_TIME);
                 }

@@ -209,7 +209,41 @@ fn retries_then_give_up() {
         s.nodes[0].staged.is_empty(),
         "staged packets dropped on giving up"
     );
+    // The last initiation's index stays until the key material is zeroed, as the
+    // kernel keeps its handshake state; then nothing is left.
+    assert_eq!(s.nodes[0].indices.live.len(), 1);
+    s.advance(3 * REJECT_AFTER_TIME, SEC);
     assert!(s.nodes[0].indices.live.is_empty());
+}
+
+/// A response to the last initiation that arrives after the initiator gave up still
+/// completes the handshake, as in the kernel, which keeps the handshake state until
+/// it zeroes the key material; data then flows.
+#[test]
+fn a_response_after_giving_up_still_completes_the_handshake() {
+    let mut s = Sim::new();
+    s.drop_to[0] = true; // every response is lost on its way
+    s.app_send(0, &payload(1));
+    let start = s.now;
+    let mut sent = s.nodes[0].stats.initiations_sent;
+    while s.now < start + 120 * SEC {
+        s.advance(100 * MS, 100 * MS);
+        sent = s.nodes[0].stats.initiations_sent;
+    }
+    assert_eq!(sent, MAX_TIMER_HANDSHAKES as usize + 2, "gave up");
+    let late = s.nodes[1]
+        .sent_log
+        .iter()
+        .rev()
+        .find(|m| m[0] == TYPE_RESPONSE)
+        .expect("the responder answered")
+        .clone();
+    s.drop_to[0] = false;
+    s.receive(0, late);
+    s.flush();
+    assert!(s.nodes[0].peer.current_keypair().is_some());
+    s.app_send(0, &payload(2));
+    assert_eq!(s.nodes[1].delivered.last(), Some(&payload(2)));
 }
 
 #[test]
