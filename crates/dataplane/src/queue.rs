@@ -191,13 +191,16 @@ impl<T: Ordered> OrderedQueue<T> {
         true
     }
 
-    /// Takes `n` packets of `bytes` off the counts (with the lock held). This queue is
-    /// the last under its budget, so they count as drained.
-    fn count_out(&self, n: usize, bytes: usize) {
+    /// Takes `n` packets of `bytes` off the counts and gives their room back (with the
+    /// lock held). `drained`: they left done with, and this queue is the last under its
+    /// budget, so its drain rate counts them; otherwise they were dropped.
+    fn count_out(&self, n: usize, bytes: usize, drained: bool) {
         self.packets.fetch_sub(n, Ordering::Relaxed);
         self.bytes.fetch_sub(bytes, Ordering::Relaxed);
-        if let Some(b) = &self.budget {
-            b.sub(n);
+        match &self.budget {
+            Some(b) if drained => b.drain(n),
+            Some(b) => b.sub(n),
+            None => {}
         }
     }
 
@@ -293,7 +296,7 @@ impl<T: Ordered> OrderedQueue<T> {
                             return d;
                         }
                         let b = st.batches.pop_front().expect("the head exists");
-                        self.count_out(b.packets(), b.bytes());
+                        self.count_out(b.packets(), b.bytes(), true);
                         self.wake_waiters();
                         b
                     }
@@ -324,15 +327,8 @@ impl<T: Ordered> OrderedQueue<T> {
     pub fn clear(&self) -> usize {
         let mut st = self.lock();
         let dropped: usize = st.batches.drain(..).map(|b| b.packets()).sum();
-        let (n, bytes) = (
-            self.packets.load(Ordering::Relaxed),
-            self.bytes.load(Ordering::Relaxed),
-        );
-        self.packets.fetch_sub(n, Ordering::Relaxed);
-        self.bytes.fetch_sub(bytes, Ordering::Relaxed);
-        if let Some(b) = &self.budget {
-            b.sub(n);
-        }
+        let bytes = self.bytes.load(Ordering::Relaxed);
+        self.count_out(self.packets.load(Ordering::Relaxed), bytes, false);
         self.wake_waiters();
         drop(st);
         dropped
@@ -493,7 +489,8 @@ mod tests {
     }
     /// A removal's clear says what it dropped and gives the room back without counting
     /// it as drained: a budget sized by its drain rate does not grow for packets that
-    /// never left (it grew to the whole cleared queue per interval before).
+    /// never left (it grew to the whole cleared queue per interval before), while a
+    /// drain's packets do count.
     #[test]
     fn a_clear_is_no_drain() {
         let budget = Arc::new(QueueBudget::sized_by_drain(
@@ -518,6 +515,19 @@ mod tests {
         assert_eq!(budget.used(), 0);
         budget.resize(t0 + Duration::from_micros(99_100));
         assert_eq!(budget.limit(), 64);
+        // The same packets drained do count: the limit follows their rate (60 in
+        // 100 µs, 600 in a 1 ms target).
+        let done = Arc::new(Item {
+            seq: 1,
+            n: 60,
+            done: AtomicBool::new(true),
+        });
+        assert!(q.push(done, 60));
+        assert!(q.schedule());
+        q.drain(usize::MAX, |_| {});
+        assert_eq!(budget.used(), 0);
+        budget.resize(t0 + Duration::from_micros(99_200));
+        assert_eq!(budget.limit(), 600);
     }
 
     /// Queues sharing a budget refuse what would take the sum past it, whatever room
