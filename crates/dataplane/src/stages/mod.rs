@@ -27,6 +27,8 @@ pub mod tx_flush;
 pub mod udp_recv;
 
 use crate::interface::Interface;
+use crate::packet::Batch;
+use crate::peer::Peer;
 use crate::queue::Drained;
 use crate::sched::{Crypt, Direction, Scheduler, Serial};
 use std::cell::Cell;
@@ -101,19 +103,39 @@ pub fn run_crypt(sched: &dyn Scheduler, w: Crypt<'_>) {
     if batch.is_done() {
         return;
     }
-    // Its packets are dropped here and counted as lost to the panic: left in the
-    // batch as failed, receive counted them as failed authentication, and transmit
-    // left their counters as gaps no counter named. The queue's accounting does not
-    // need them (a batch keeps its size from when it was made).
-    let lost = std::mem::take(&mut batch.body().packets).len();
-    iface
-        .stats
-        .crypt_panic_dropped
-        .fetch_add(lost as u64, Ordering::Relaxed);
-    batch.mark_done();
-    let serial = Serial { iface, peer, dir };
-    if serial.queue().schedule() {
-        sched.schedule_serial(serial);
+    complete_as_lost(c, peer, dir, [batch]);
+}
+
+/// Completes `batches`, queued in `peer`'s `dir` ordered queue but left unfinished by a
+/// panic (a bug), so that the queue passes them rather than wait on them for good, and
+/// hands its serial stage on as a finished batch's would be. Their packets are dropped
+/// and counted as lost to the panic (`crypt_panic_dropped`): left in the batch as
+/// failed, receive counted them as failed authentication, and transmit left their
+/// counters as gaps no counter named. The queue's accounting does not need them (a
+/// batch keeps its size from when it was made).
+pub(crate) fn complete_as_lost(
+    c: StageCtx<'_>,
+    peer: &Arc<Peer>,
+    dir: Direction,
+    batches: impl IntoIterator<Item = Arc<Batch>>,
+) {
+    let mut any = false;
+    for batch in batches {
+        let lost = std::mem::take(&mut batch.body().packets).len();
+        c.iface
+            .stats
+            .crypt_panic_dropped
+            .fetch_add(lost as u64, Ordering::Relaxed);
+        batch.mark_done();
+        any = true;
+    }
+    let serial = Serial {
+        iface: c.iface,
+        peer,
+        dir,
+    };
+    if any && serial.queue().schedule() {
+        c.sched.schedule_serial(serial);
     }
 }
 

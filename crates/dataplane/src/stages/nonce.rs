@@ -23,7 +23,7 @@ use super::StageCtx;
 use crate::fq_codel::QueueDiscipline;
 use crate::packet::{Batch, Packet, MAX_BATCH};
 use crate::peer::Peer;
-use crate::sched::{Crypt, Direction, Serial};
+use crate::sched::{Crypt, Direction};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -157,24 +157,8 @@ struct Unsubmitted<'a> {
 impl Drop for Unsubmitted<'_> {
     fn drop(&mut self) {
         let q = std::mem::take(&mut self.queued);
-        let mut any = false;
-        for batch in q.first.into_iter().chain(q.more) {
-            let lost = std::mem::take(&mut batch.body().packets).len();
-            let stats = &self.c.iface.stats;
-            stats
-                .crypt_panic_dropped
-                .fetch_add(lost as u64, Ordering::Relaxed);
-            batch.mark_done();
-            any = true;
-        }
-        let serial = Serial {
-            iface: self.c.iface,
-            peer: self.peer,
-            dir: Direction::Tx,
-        };
-        if any && serial.queue().schedule() {
-            self.c.sched.schedule_serial(serial);
-        }
+        let batches = q.first.into_iter().chain(q.more);
+        super::complete_as_lost(self.c, self.peer, Direction::Tx, batches);
     }
 }
 
@@ -285,7 +269,7 @@ mod tests {
     use crate::fq_codel::QueuePolicy;
     use crate::interface::Interface;
     use crate::memory::MemoryTun;
-    use crate::sched::Scheduler;
+    use crate::sched::{Scheduler, Serial};
     use crate::sockets::Sockets;
     use std::panic::{catch_unwind, AssertUnwindSafe};
     use std::sync::atomic::AtomicUsize;
