@@ -482,14 +482,14 @@ impl<T: Queued> SharedFlowQueues<T> {
         }
     }
 
-    /// Locks the queues once `n` more packets fit under [`FQ_LIMIT`] and in the budget,
-    /// or `timeout` passed (the caller then makes room by dropping). The budget is
-    /// waited for first, without the lock, since the pumps of other peers free it.
     /// Whether `n` more packets fit the interface's transmit budget now.
     pub fn budget_fits(&self, n: usize) -> bool {
         self.budget.fits(n)
     }
 
+    /// Locks the queues once `n` more packets fit under [`FQ_LIMIT`] and in the budget,
+    /// or `timeout` passed (the caller then makes room by dropping). The budget is
+    /// waited for first, without the lock, since the pumps of other peers free it.
     pub fn lock_with_room(&self, n: usize, timeout: Duration) -> FqGuard<'_, T> {
         // The clock is read only when the budget is full: with room at once, as
         // nearly always, the deadline is never needed.
