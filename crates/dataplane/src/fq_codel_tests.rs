@@ -111,6 +111,33 @@ fn codel_drops_after_an_interval_above_target_then_faster() {
     }
 }
 
+/// RFC 8289's maxpacket follows the packets queued: with 9,000-byte packets (a
+/// jumbo-frame tunnel), a bucket holding one behind its head is no standing queue,
+/// however old its head; with two behind it, it is.
+#[test]
+fn a_queue_of_one_large_packet_is_no_standing_queue() {
+    for (behind, drops) in [(1, false), (2, true)] {
+        let mut q = FlowQueues::default();
+        let params = CodelParams::RFC;
+        let mut v = Verdicts::default();
+        let jumbo = |seq| P {
+            bytes: 9000,
+            ..p(1, seq, false)
+        };
+        for seq in 0..behind {
+            q.enqueue(1, jumbo(seq), 0);
+        }
+        // Each packet waits 8 ms, above target, for 300 ms.
+        let mut now = 0;
+        for seq in behind..behind + 300 {
+            q.enqueue(1, jumbo(seq), now);
+            now += MS;
+            let _ = q.dequeue(&params, now + 8 * MS, &mut v);
+        }
+        assert_eq!(v.dropped > 0, drops, "{behind} behind: {v:?}");
+    }
+}
+
 #[test]
 fn codel_stops_when_the_sojourn_recovers() {
     let mut q = FlowQueues::default();

@@ -56,15 +56,19 @@ pub const CE: u8 = 0b11;
 
 /// A hash of the packet's flow: addresses, protocol and, for TCP, UDP, UDP-Lite and
 /// SCTP when the header is the first (unfragmented IPv4, IPv6 without extension
-/// headers), the ports. Anything unparseable hashes to 0: one bucket for the oddities.
+/// headers), the ports. A fragment hashes without ports, the first (MF set, offset 0)
+/// as the later ones, as the kernel's flow dissector does: one datagram's fragments
+/// stay in one bucket and in order. Anything unparseable hashes to 0: one bucket for
+/// the oddities.
 /// Unkeyed: the queue it spreads is one peer's own, so a peer that made its flows
 /// collide would only slow itself.
 pub fn flow_hash(pkt: &[u8]) -> u32 {
     let (addrs, proto, l4) = match pkt.first().map(|b| b >> 4) {
         Some(4) if pkt.len() >= 20 => {
             let ihl = (pkt[0] & 0x0f) as usize * 4;
-            let first_fragment = u16::from_be_bytes([pkt[6], pkt[7]]) & 0x1fff == 0;
-            (&pkt[12..20], pkt[9], first_fragment.then_some(ihl))
+            // Flags MF (0x2000) and the fragment offset (0x1fff): both clear means whole.
+            let whole = u16::from_be_bytes([pkt[6], pkt[7]]) & 0x3fff == 0;
+            (&pkt[12..20], pkt[9], whole.then_some(ihl))
         }
         Some(6) if pkt.len() >= 40 => (&pkt[8..40], pkt[6], Some(40)),
         _ => return 0,
@@ -111,9 +115,26 @@ pub fn set_ce(pkt: &mut [u8]) -> bool {
     if ecn(pkt) == NOT_ECT {
         return false;
     }
+    rewrite_ecn(pkt, CE);
+    true
+}
+
+/// RFC 6040 §4.2's one rewrite besides CE: an ECT(0) packet that arrived under an
+/// ECT(1) outer header leaves as ECT(1) (the kernel's `INET_ECN_decapsulate` does the
+/// same), so an L4S marking on the path between the tunnel's ends reaches the inner
+/// flow. Anything else is left as it is.
+pub fn set_ect1_under_outer_ect1(pkt: &mut [u8]) {
+    if ecn(pkt) == ECT_0 {
+        rewrite_ecn(pkt, ECT_1);
+    }
+}
+
+/// Writes `field` as the ECN bits of an IPv4 or IPv6 header the caller has checked,
+/// keeping the IPv4 header checksum valid.
+fn rewrite_ecn(pkt: &mut [u8], field: u8) {
     if pkt[0] >> 4 == 4 {
         let old = u16::from_be_bytes([pkt[0], pkt[1]]);
-        pkt[1] |= CE;
+        pkt[1] = (pkt[1] & !CE) | field;
         let new = u16::from_be_bytes([pkt[0], pkt[1]]);
         // HC' = ~(~HC + ~m + m')
         let hc = u16::from_be_bytes([pkt[10], pkt[11]]);
@@ -122,9 +143,8 @@ pub fn set_ce(pkt: &mut [u8]) -> bool {
         sum = (sum & 0xffff) + (sum >> 16);
         pkt[10..12].copy_from_slice(&(!(sum as u16)).to_be_bytes());
     } else {
-        pkt[1] |= CE << 4;
+        pkt[1] = (pkt[1] & !(CE << 4)) | (field << 4);
     }
-    true
 }
 
 /// The Internet checksum (RFC 1071): the ones' complement of the ones' complement sum
@@ -248,6 +268,31 @@ mod tests {
         assert!(!set_ce(&mut [0x45u8; 4]), "too short to be IPv4");
     }
 
+    /// RFC 6040 §4.2: under an outer ECT(1), only an inner ECT(0) changes (to ECT(1)).
+    #[test]
+    fn an_outer_ect1_turns_only_an_inner_ect0_into_ect1() {
+        let mut v4 = [0u8; 20];
+        v4[0] = 0x45;
+        v4[2..4].copy_from_slice(&20u16.to_be_bytes());
+        v4[12..20].copy_from_slice(&[10, 0, 0, 1, 10, 0, 0, 2]);
+        for (inner, after) in [(NOT_ECT, NOT_ECT), (ECT_0, ECT_1), (ECT_1, ECT_1), (CE, CE)] {
+            let mut p = v4;
+            p[1] = 0xb8 | inner;
+            let sum = checksum(&[&p]);
+            p[10..12].copy_from_slice(&sum.to_be_bytes());
+            set_ect1_under_outer_ect1(&mut p);
+            assert_eq!(ecn(&p), after, "v4 {inner:#b}");
+            assert_eq!(p[1] & !CE, 0xb8, "DSCP kept");
+            assert!(v4_checksum_ok(&p), "v4 {inner:#b}");
+            let mut v6 = [0u8; 40];
+            v6[0] = 0x6b;
+            v6[1] = 0x80 | (inner << 4);
+            set_ect1_under_outer_ect1(&mut v6);
+            assert_eq!(ecn(&v6), after, "v6 {inner:#b}");
+            assert_eq!((v6[0], v6[1] & 0xcf), (0x6b, 0x80), "traffic class kept");
+        }
+    }
+
     #[test]
     fn flows_hash_by_addresses_protocol_and_ports() {
         let mut a = [0u8; 40];
@@ -268,6 +313,11 @@ mod tests {
         let mut frag2 = b;
         frag2[7] = 1;
         assert_eq!(flow_hash(&frag), flow_hash(&frag2));
+        // The first fragment (MF set, offset 0) has them, but hashes as its later
+        // fragments do, or one datagram's pieces would land in two buckets.
+        let mut first = a;
+        first[6] = 0x20;
+        assert_eq!(flow_hash(&first), flow_hash(&frag));
         assert_eq!(flow_hash(&[]), 0);
         assert_eq!(flow_hash(&[0x45; 10]), 0);
     }

@@ -107,7 +107,8 @@ counters! {
     tx_routing_loop,
     /// Packets dropped on transmit: queue full, staged overflow, handshake gave up.
     tx_dropped,
-    /// Datagrams that could not be sent because the peer has no endpoint.
+    /// Packets and handshake messages that could not be sent because the peer has no
+    /// endpoint (packets are answered "host unreachable", as by the kernel).
     tx_no_endpoint,
     /// FQ-CoDel: packets CoDel dropped (sojourn above target for an interval), packets
     /// it marked CE instead, and packets dropped from the fattest flow when a peer's
@@ -129,16 +130,17 @@ counters! {
     tx_timed,
     tx_sojourn_ns,
     tx_sojourn_max_ns @max,
-    /// Transport datagrams that did not leave: the socket refused them (a route or a
-    /// firewall refusal, a buffer full past the wait), or the interface has no socket
-    /// of the endpoint's family.
+    /// Transport datagrams and handshake messages that did not leave: the socket
+    /// refused them (a route or a firewall refusal, a buffer full past the wait), or
+    /// the interface has no socket of the endpoint's family.
     tx_send_failed,
     /// Packets a peer had queued, either way, when it was removed: dropped with it.
     removed_dropped,
     /// Datagrams that are not WireGuard messages at all.
     rx_malformed,
     /// Receives the kernel cut short (a coalesced run longer than the reader's
-    /// buffer): the datagrams past the buffer are lost, uncounted elsewhere.
+    /// buffer): the datagrams past the buffer are lost, uncounted elsewhere. Each lost
+    /// at least one, and is counted once among the drops (how many is unknown).
     rx_truncated,
     /// Transport messages for an unknown receiver index or an expired keypair, and
     /// cookie replies for an unknown receiver index.
@@ -267,6 +269,8 @@ pub const DROP_REASONS: &[&str] = &[
     "cookie_replies_unsent",
     "cookie_replies_refused",
     "crypt_panic_dropped",
+    "removed_dropped",
+    "rx_truncated",
 ];
 
 /// Buckets of [`Counters::serial_packets_hist`]: 0, 1, 2–3, … 512–1023, 1024 and more.
@@ -475,6 +479,20 @@ mod tests {
                 let want = if *f == name { n } else { 0 };
                 assert_eq!(*v, want, "{f} after counting {reason:?}");
             }
+        }
+    }
+
+    /// Every counter whose name says it drops packets is a drop reason, so that
+    /// `wirelane_drops_total` misses none; and every reason is a counter.
+    #[test]
+    fn every_dropping_counter_is_a_drop_reason() {
+        let fields = Stats::default().fields();
+        for (f, _) in &fields {
+            let drops = f.ends_with("_dropped") || f.ends_with("_truncated");
+            assert!(!drops || DROP_REASONS.contains(&f.as_str()), "{f}");
+        }
+        for reason in DROP_REASONS {
+            assert!(fields.iter().any(|(f, _)| f == reason), "{reason}");
         }
     }
 

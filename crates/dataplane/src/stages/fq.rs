@@ -53,6 +53,17 @@ pub fn enqueue(c: StageCtx<'_>, peer: &Arc<Peer>, packets: Vec<Packet>, now: u64
     }
     {
         let mut q = peer.tx_fq.lock_with_room(packets.len(), BACKPRESSURE_WAIT);
+        // A removal clears the queues under this lock after marking the peer removed:
+        // packets routed before it and queued after the clear would never be pumped,
+        // and would hold budget room until the peer was freed.
+        if peer.is_removed() {
+            let n = packets.len() as u64;
+            c.iface
+                .stats
+                .removed_dropped
+                .fetch_add(n, Ordering::Relaxed);
+            return;
+        }
         let mut room = q.budget_room();
         // Through idle flow queues with room behind them, packets would leave as soon
         // as they came, in the same order bar the interleaving of their flows, with a
@@ -68,7 +79,7 @@ pub fn enqueue(c: StageCtx<'_>, peer: &Arc<Peer>, packets: Vec<Packet>, now: u64
         // again at the push, a race with another peer's producer would drop the whole
         // group (a lost batch the wake-up stress run caught).
         let fits = n <= ring_packets && bytes <= ring_bytes;
-        if q.is_idle() && fits && n <= room && !peer.is_removed() {
+        if q.is_idle() && fits && n <= room {
             assign_and_enqueue(c, peer, packets, Budget::Bypassed);
             drop(q);
             let passed = Verdicts {
@@ -101,8 +112,10 @@ pub fn enqueue(c: StageCtx<'_>, peer: &Arc<Peer>, packets: Vec<Packet>, now: u64
 
 /// Moves packets from `peer`'s flow queues into the nonce stage while its ordered queue
 /// has room. Never waits: if another thread holds the queues, that thread pumps again.
-/// The dequeue time is read once, when there is something to dequeue: a pump takes
-/// microseconds, CoDel's sojourns are milliseconds.
+/// The dequeue time is read for each chunk, with the queues held: every packet in them
+/// was stamped before this thread took the lock, so none looks younger than it is (a
+/// sojourn of 0 would end CoDel's dropping state), and a long pass, whose chunks the
+/// workqueue's shortcut may seal and send inline, ages what stays as the clock does.
 ///
 /// Race (no lost pump): a thread that finds the queues held sets `pump_again` and
 /// leaves; the holder reads it after unlocking. That is a store-buffer pattern between
@@ -110,7 +123,6 @@ pub fn enqueue(c: StageCtx<'_>, peer: &Arc<Peer>, packets: Vec<Packet>, now: u64
 /// "the holder saw the flag, or the other thread took the lock" hold in the language's
 /// model, not only on x86 and ARMv8.
 pub fn pump(c: StageCtx<'_>, peer: &Arc<Peer>) {
-    let mut now = None;
     let fq = &peer.tx_fq;
     loop {
         fq.pump_again.store(true, Ordering::SeqCst);
@@ -126,10 +138,16 @@ pub fn pump(c: StageCtx<'_>, peer: &Arc<Peer>) {
                 }
                 let (room, mut room_bytes) = ring_room(peer);
                 if room == 0 || room_bytes == 0 {
-                    peer.tx_ring_limit.note_held_back();
+                    // Only the byte limit learns from being the bound, as DQL grows
+                    // only when its own limit held packets back: small packets stopped
+                    // by the packet bound would otherwise ratchet it to its ceiling,
+                    // and sparse flows would then wait behind that many bytes.
+                    if room_bytes == 0 {
+                        peer.tx_ring_limit.note_held_back();
+                    }
                     break;
                 }
-                let now = *now.get_or_insert_with(|| c.iface.now().as_nanos() as u64);
+                let now = c.iface.now().as_nanos() as u64;
                 let want = room.min(MAX_BATCH);
                 // Sized to what is queued, not to a full batch: at thousands of peers
                 // most chunks hold a packet or two and wait in the ordered queue, and

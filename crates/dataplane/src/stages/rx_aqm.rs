@@ -6,7 +6,8 @@
 //!
 //! - RFC 6040 decapsulation: CE on the outer header becomes CE on an ECN-capable inner
 //!   packet; a not-ECT inner packet under an outer CE is dropped (its sender could not
-//!   hear the mark any other way).
+//!   hear the mark any other way); an ECT(0) inner packet under an outer ECT(1) leaves
+//!   as ECT(1).
 //! - The sojourn of each packet, from the kernel's arrival timestamp to here, covers
 //!   the socket buffer, the crypt queue and the ordered queue: on the receive side the
 //!   standing queue builds in the socket, before any wirelane queue, when decryption is
@@ -35,10 +36,24 @@ pub struct Tally {
     pub sojourn: SojournTally,
 }
 
+/// When a delivery run is judged, in ns on two clocks: the wall clock, which the
+/// kernel's arrival stamps use (sojourns are measured on it), and the monotonic one,
+/// which the controller keeps its own times on, so that a step of the wall clock
+/// neither holds its drops back nor hurries them.
+#[derive(Debug, Clone, Copy)]
+pub struct JudgedAt {
+    pub wall: u64,
+    pub monotonic: u64,
+}
+
 /// Applies ECN decapsulation and the controller to `packets[i]` for each `(i, len)` of
 /// `keep`, in delivery order, and removes the dropped ones from `keep`.
 pub fn manage(dev: &Interface, packets: &mut [Packet], keep: &mut Vec<(usize, usize)>) {
-    let now = dev.wall().as_nanos() as u64;
+    let monotonic = dev.now();
+    let now = JudgedAt {
+        wall: dev.wall_at(monotonic).as_nanos() as u64,
+        monotonic: monotonic.as_nanos() as u64,
+    };
     let t = {
         let mut codel = (dev.queue == QueueDiscipline::FqCodel).then(|| {
             dev.rx_codel
@@ -51,11 +66,11 @@ pub fn manage(dev: &Interface, packets: &mut [Packet], keep: &mut Vec<(usize, us
     record(&dev.stats, &t);
 }
 
-/// The decisions of [`manage`] at wall-clock time `now` (ns), with the controller and
-/// its parameters when one runs.
+/// The decisions of [`manage`] at `now`, with the controller and its parameters when
+/// one runs.
 pub fn judge_all(
     mut codel: Option<(&mut Codel, &CodelParams)>,
-    now: u64,
+    now: JudgedAt,
     packets: &mut [Packet],
     keep: &mut Vec<(usize, usize)>,
 ) -> Tally {
@@ -68,19 +83,23 @@ pub fn judge_all(
     keep.retain(|&(i, len)| {
         let p = &mut packets[i];
         let plain = &mut p.buf[HEADROOM..HEADROOM + len];
-        if p.outer_ecn == inner::CE && !inner::set_ce(plain) {
-            t.ce_not_ect += 1;
-            return false;
+        match p.outer_ecn {
+            inner::CE if !inner::set_ce(plain) => {
+                t.ce_not_ect += 1;
+                return false;
+            }
+            inner::ECT_1 => inner::set_ect1_under_outer_ect1(plain),
+            _ => {}
         }
         if p.arrival_ns == 0 {
             return true;
         }
-        let sojourn = t.sojourn.add(p.arrival_ns, now);
+        let sojourn = t.sojourn.add(p.arrival_ns, now.wall);
         let Some((codel, params)) = codel.as_mut() else {
             return true;
         };
         let standing = p.queued_behind || Some(i) != last;
-        if !codel.judge(params, now, sojourn, standing) {
+        if !codel.judge(params, now.monotonic, sojourn, standing) {
             return true;
         }
         if params.ecn && inner::set_ce(plain) {

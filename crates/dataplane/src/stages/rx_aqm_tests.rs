@@ -14,10 +14,20 @@ fn received(tos: u8, arrival_ns: u64, outer_ecn: u8) -> Packet {
     ip[8] = 64;
     ip[9] = 17;
     ip[12..20].copy_from_slice(&[10, 0, 0, 1, 10, 0, 0, 2]);
+    let sum = inner::checksum(&[&ip[..20]]);
+    ip[10..12].copy_from_slice(&sum.to_be_bytes());
     let mut p = Packet::from_plaintext(&[&ip]);
     p.arrival_ns = arrival_ns;
     p.outer_ecn = outer_ecn;
     p
+}
+
+/// Both clocks at `ns`: the simulated wall clock never steps unless a test says so.
+fn at(ns: u64) -> JudgedAt {
+    JudgedAt {
+        wall: ns,
+        monotonic: ns,
+    }
 }
 
 fn all(packets: &[Packet]) -> Vec<(usize, usize)> {
@@ -31,20 +41,35 @@ fn all(packets: &[Packet]) -> Vec<(usize, usize)> {
 #[test]
 fn outer_ce_marks_ect_inner_packets_and_drops_the_others() {
     // Not-ECT, ECT(0) and ECT(1) inner packets under an outer CE; one more not-ECT
-    // packet under an outer ECT(0), which passes untouched.
+    // packet under an outer ECT(0), which passes untouched; then ECT(0) and not-ECT
+    // under an outer ECT(1): the first becomes ECT(1) (RFC 6040 §4.2), the second stays.
     let mut packets = vec![
         received(0x00, 0, inner::CE),
         received(0x02, 0, inner::CE),
         received(0x01, 0, inner::CE),
         received(0x00, 0, 0b10),
+        received(0x02, 0, inner::ECT_1),
+        received(0x00, 0, inner::ECT_1),
     ];
     let mut keep = all(&packets);
-    let t = judge_all(None, 0, &mut packets, &mut keep);
+    let t = judge_all(None, at(0), &mut packets, &mut keep);
     assert_eq!(t.ce_not_ect, 1);
-    assert_eq!(keep.iter().map(|k| k.0).collect::<Vec<_>>(), [1, 2, 3]);
-    assert_eq!(inner::ecn(packets[1].plaintext()), inner::CE);
-    assert_eq!(inner::ecn(packets[2].plaintext()), inner::CE);
-    assert_eq!(inner::ecn(packets[3].plaintext()), inner::NOT_ECT);
+    assert_eq!(
+        keep.iter().map(|k| k.0).collect::<Vec<_>>(),
+        [1, 2, 3, 4, 5]
+    );
+    let ecn = |i: usize| inner::ecn(packets[i].plaintext());
+    assert_eq!(
+        [ecn(1), ecn(2), ecn(3), ecn(4), ecn(5)],
+        [
+            inner::CE,
+            inner::CE,
+            inner::NOT_ECT,
+            inner::ECT_1,
+            inner::NOT_ECT
+        ]
+    );
+    assert_eq!(inner::checksum(&[&packets[4].plaintext()[..20]]), 0);
 }
 
 #[test]
@@ -57,7 +82,7 @@ fn sojourn_is_counted_from_the_arrival_time_without_a_controller() {
         received(0, now + MS, 0), // the clock stepped back: counts as none
     ];
     let mut keep = all(&packets);
-    let t = judge_all(None, now, &mut packets, &mut keep);
+    let t = judge_all(None, at(now), &mut packets, &mut keep);
     assert_eq!(keep.len(), 4, "nothing is dropped without a controller");
     assert_eq!(t.sojourn.timed, 3);
     assert_eq!(t.sojourn.sum_ns, 3 * MS + 200_000);
@@ -73,7 +98,12 @@ fn sojourn_is_counted_from_the_arrival_time_without_a_controller() {
 /// and the indices kept.
 fn judge_rfc(codel: &mut Codel, now: u64, packets: &mut [Packet]) -> (Tally, Vec<(usize, usize)>) {
     let mut keep = all(packets);
-    let t = judge_all(Some((codel, &CodelParams::RFC)), now, packets, &mut keep);
+    let t = judge_all(
+        Some((codel, &CodelParams::RFC)),
+        at(now),
+        packets,
+        &mut keep,
+    );
     (t, keep)
 }
 
@@ -158,4 +188,36 @@ fn packets_delivered_together_stand_behind_each_other() {
     assert_eq!(t.dropped, 1);
     assert_eq!(keep.iter().map(|k| k.0).collect::<Vec<_>>(), [1, 2]);
     assert!(!codel.dropping());
+}
+
+#[test]
+fn a_step_of_the_wall_clock_neither_stops_nor_hurries_the_drops() {
+    // A standing 8 ms queue puts the controller in its dropping state.
+    let mut codel = Codel::default();
+    let t = run(&mut codel, 0, 8 * MS, 10 * MS, 400 * MS);
+    assert!(t.dropped >= 1 && codel.dropping(), "{t:?}");
+    // The wall clock steps back 300 ms; the kernel's stamps step with it, so the
+    // sojourn stays 8 ms. Drops go on within the next 100 ms of monotonic time (on
+    // the wall clock they would wait until it caught up with the next drop time).
+    let mut dropped = 0;
+    let mut mono = 400 * MS;
+    while mono < 500 * MS {
+        let wall = mono - 300 * MS;
+        let mut packets = vec![received(0, wall - 8 * MS, 0)];
+        packets[0].queued_behind = true;
+        let mut keep = all(&packets);
+        let when = JudgedAt {
+            wall,
+            monotonic: mono,
+        };
+        let t = judge_all(
+            Some((&mut codel, &CodelParams::RFC)),
+            when,
+            &mut packets,
+            &mut keep,
+        );
+        dropped += t.dropped;
+        mono += 100_000;
+    }
+    assert!(dropped >= 1, "the controller went on dropping");
 }
