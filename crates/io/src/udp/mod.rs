@@ -180,6 +180,16 @@ impl UdpSocket {
         } else {
             setsockopt_int(raw, libc::IPPROTO_IP, libc::IP_PKTINFO, 1)?;
             setsockopt_int(raw, libc::IPPROTO_IP, libc::IP_RECVTOS, 1)?;
+            // No Don't Fragment bit, as the kernel's WireGuard sends (`ignore_df`):
+            // a router on a narrower path fragments the datagram instead of dropping
+            // it, which is all that works where ICMP "too big" is filtered. The path
+            // MTU the kernel learned still sizes segmented sends (`send_segmented`).
+            setsockopt_int(
+                raw,
+                libc::IPPROTO_IP,
+                libc::IP_MTU_DISCOVER,
+                libc::IP_PMTUDISC_DONT,
+            )?;
         }
         // Each datagram's arrival time: where its sojourn starts (the receive side's
         // queue controller measures it from here, see the dataplane's `codel`).
