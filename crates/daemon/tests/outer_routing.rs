@@ -220,6 +220,37 @@ fn a_new_preferred_route_takes_over() {
     Rig::ping_until_endpoint(&r.ns1, "192.168.241.2", &r.d2, "10.0.0.3:1");
 }
 
+/// A policy rule that selects by the tunnel's port (`ip rule ... ipproto udp sport`, a
+/// multi-WAN recipe) sends the replies through its own table: the sticky source is
+/// checked against the route the datagram will really take, ports included, so the
+/// address the peer chose (10.0.0.3) stays the source, not the rule's table's own
+/// (10.0.0.4).
+#[test]
+fn a_rule_on_the_tunnels_port_keeps_the_chosen_source() {
+    let r = Rig::new();
+    let (veth3, veth4) = (unique("vs"), unique("vs"));
+    sh_ok(&format!(
+        "ip link add {veth3} netns {} type veth peer name {veth4} netns {}",
+        r.ns1.name, r.ns2.name
+    ));
+    r.veth_up(&["10.0.0.1/24"], &["10.0.0.2/24"]);
+    r.ns1.run_ok(&format!(
+        "ip addr add 10.0.0.3/24 dev {veth3} nodad && ip addr add 10.0.0.4/24 dev {veth3} nodad && \
+         ip link set {veth3} up && ip route del 10.0.0.0/24 dev {veth3} && \
+         ip route add 10.0.0.0/24 dev {veth3} src 10.0.0.4 table 100 && \
+         ip rule add ipproto udp sport 1 lookup 100 && \
+         sysctl -qw net.ipv4.conf.all.rp_filter=0 net.ipv4.conf.{veth3}.rp_filter=0"
+    ));
+    r.ns2.run_ok(&format!(
+        "ip link set {veth4} up && ip route add 10.0.0.3/32 dev {veth4} src 10.0.0.2 && \
+         sysctl -qw net.ipv4.conf.all.rp_filter=0 net.ipv4.conf.{veth4}.rp_filter=0"
+    ));
+    r.d2.wg(&format!("set IF peer {} endpoint 10.0.0.3:1", r.k1.public));
+    Rig::ping(&r.ns2, "192.168.241.1");
+    Rig::ping(&r.ns2, "192.168.241.1");
+    assert_eq!(Rig::endpoint(&r.d2), format!("{}\t10.0.0.3:1", r.k1.public));
+}
+
 /// A peer's endpoint routed through the tunnel itself: every outer datagram comes back
 /// into the TUN. Encapsulated again, it would loop for ever; it is dropped instead, so
 /// a flood of ten pings sends a bounded number of bytes (the kernel selftest allows
@@ -249,6 +280,83 @@ fn a_routing_loop_through_the_tunnel_stays_bounded() {
     assert!(!stats.is_empty());
     let looped: u64 = uapi_stat(&r.d1.ifname, "tx_routing_loop");
     assert!(looped >= 10, "{looped} looped datagrams dropped");
+}
+
+/// Sends one UDP datagram from `from` (an address of the calling thread's namespace)
+/// to `to`, from the socket group of a port the daemon listens on too: as a packet
+/// masqueraded into the tunnel, whose source becomes the tunnel's own address while its
+/// source port stays what the LAN host chose.
+fn send_from_shared_port(from: std::net::SocketAddrV4, to: std::net::SocketAddrV4) {
+    let sa = |a: std::net::SocketAddrV4| libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: a.port().to_be(),
+        sin_addr: libc::in_addr {
+            s_addr: u32::from(*a.ip()).to_be(),
+        },
+        sin_zero: [0; 8],
+    };
+    let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    // SAFETY: plain socket calls on a descriptor this function owns; each checked.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_DGRAM, 0);
+        assert!(fd >= 0);
+        let one: libc::c_int = 1;
+        let opt = (&one as *const libc::c_int).cast();
+        let optlen = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        assert_eq!(
+            libc::setsockopt(fd, libc::SOL_SOCKET, libc::SO_REUSEPORT, opt, optlen),
+            0
+        );
+        let (src, dst) = (sa(from), sa(to));
+        assert_eq!(
+            libc::bind(fd, (&src as *const libc::sockaddr_in).cast(), len),
+            0,
+            "bind"
+        );
+        let sent = libc::sendto(
+            fd,
+            b"lan".as_ptr().cast(),
+            3,
+            0,
+            (&dst as *const libc::sockaddr_in).cast(),
+            len,
+        );
+        assert_eq!(sent, 3);
+        libc::close(fd);
+    }
+}
+
+/// Traffic masqueraded into the tunnel from the port the tunnel listens on (a LAN
+/// host's own WireGuard on 51820 behind a router that shares its tunnel) has the
+/// tunnel's address as its source, like the tunnel's own outer datagrams; it goes to a
+/// host behind the tunnel, not to a peer's endpoint, so it is carried, not dropped as a
+/// routing loop.
+#[test]
+fn traffic_from_the_listen_port_to_a_host_behind_the_tunnel_is_carried() {
+    use wirelane_lab::workload::{in_ns, join};
+    let r = Rig::new();
+    r.veth_up(&["10.0.0.1/24"], &["10.0.0.2/24"]);
+    r.d1.wg(&format!("set IF peer {} endpoint 10.0.0.2:2", r.k2.public));
+    Rig::ping(&r.ns1, "192.168.241.2");
+    let (ready, bound) = std::sync::mpsc::channel();
+    let receiver = in_ns(&r.ns2.name, move || {
+        let s = std::net::UdpSocket::bind("192.168.241.2:9999")?;
+        s.set_read_timeout(Some(std::time::Duration::from_secs(5)))?;
+        ready.send(()).unwrap();
+        let mut buf = [0u8; 16];
+        let (n, from) = s.recv_from(&mut buf)?;
+        Ok((buf[..n].to_vec(), from))
+    });
+    bound.recv().unwrap();
+    join(in_ns(&r.ns1.name, || {
+        send_from_shared_port("192.168.241.1:1".parse()?, "192.168.241.2:9999".parse()?);
+        Ok(())
+    }))
+    .unwrap();
+    let (got, from) = join(receiver).expect("the datagram arrived");
+    assert_eq!(got, b"lan");
+    assert_eq!(from, "192.168.241.1:1".parse().unwrap());
+    assert_eq!(uapi_stat(&r.d1.ifname, "tx_routing_loop"), 0);
 }
 
 /// One counter of the daemon's `stats=1` answer.

@@ -478,10 +478,13 @@ impl Interface {
         if sticky.checked == generation {
             return Some(sticky.local);
         }
-        let fwmark = self.sockets().fwmark;
+        let (port, fwmark) = {
+            let s = self.sockets();
+            (s.port, s.fwmark)
+        };
         let usable = self
             .netwatch
-            .source_usable(&endpoint, &sticky.local, fwmark);
+            .source_usable(&endpoint, &sticky.local, port, fwmark);
         peer.checked_source(sticky, usable, generation);
         usable.then_some(sticky.local)
     }

@@ -236,7 +236,15 @@ impl NetWatch {
     /// still be one of ours, and for IPv4 the route from it must still leave by the
     /// interface the peer's packets arrive on (else a newer route took over, and the
     /// route's own choice of source is the right one). The kernel checks the same.
-    pub fn source_usable(&self, endpoint: &SocketAddr, local: &LocalAddr, fwmark: u32) -> bool {
+    /// `port` is the sockets' own: the question is asked for the datagram as it will
+    /// be sent, ports included.
+    pub fn source_usable(
+        &self,
+        endpoint: &SocketAddr,
+        local: &LocalAddr,
+        port: u16,
+        fwmark: u32,
+    ) -> bool {
         let Some(rtnl) = &self.rtnl else { return true };
         match self.is_host_address(&local.ip) {
             Some(false) => return false,
@@ -247,7 +255,7 @@ impl NetWatch {
             return true;
         }
         let rtnl = rtnl.lock().unwrap_or_else(|p| p.into_inner());
-        rtnl.route_oif(endpoint.ip(), local.ip, fwmark)
+        rtnl.route_oif(endpoint.ip(), local.ip, (port, endpoint.port()), fwmark)
             .is_ok_and(|oif| oif == local.ifindex)
     }
 }

@@ -51,6 +51,9 @@ const RTA_OIF: u16 = 4;
 const RTA_METRICS: u16 = 8;
 const RTA_TABLE: u16 = 15;
 const RTA_MARK: u16 = 16;
+const RTA_IP_PROTO: u16 = 27;
+const RTA_SPORT: u16 = 28;
+const RTA_DPORT: u16 = 29;
 const RTAX_MTU: u16 = 2;
 const RTM_F_LOOKUP_TABLE: u32 = 0x1000;
 const NETNSA_NSID: u16 = 1;
@@ -378,10 +381,20 @@ impl Rtnl {
         Ok(out)
     }
 
-    /// The output device of the route from `src` to `dst` under `mark`, as the kernel
-    /// would choose it for a socket sending with that source. An error (EINVAL for a
-    /// source no longer local, ENETUNREACH) means the source cannot be used.
-    pub fn route_oif(&self, dst: IpAddr, src: IpAddr, mark: u32) -> io::Result<u32> {
+    /// The output device of the route for a UDP datagram from `src`, port `sport`, to
+    /// `dst`, port `dport`, under `mark`, as the kernel would choose it for a socket
+    /// sending with that source. The protocol and ports are part of the question
+    /// (Linux 4.17+), so policy rules that select on them (`ip rule ... ipproto udp
+    /// sport 51820`, a common multi-WAN recipe) are followed as the send will follow
+    /// them. An error (EINVAL for a source no longer local, ENETUNREACH) means the
+    /// source cannot be used.
+    pub fn route_oif(
+        &self,
+        dst: IpAddr,
+        src: IpAddr,
+        (sport, dport): (u16, u16),
+        mark: u32,
+    ) -> io::Result<u32> {
         let mut fixed = [0u8; RTMSG];
         fixed[0] = family(&dst);
         fixed[1] = if dst.is_ipv4() { 32 } else { 128 };
@@ -389,7 +402,10 @@ impl Rtnl {
         fixed[8..12].copy_from_slice(&RTM_F_LOOKUP_TABLE.to_ne_bytes());
         let mut req = Request::new(RTM_GETROUTE, 0, &fixed)
             .attr(RTA_DST, &ip_bytes(&dst))
-            .attr(RTA_SRC, &ip_bytes(&src));
+            .attr(RTA_SRC, &ip_bytes(&src))
+            .attr(RTA_IP_PROTO, &[libc::IPPROTO_UDP as u8])
+            .attr(RTA_SPORT, &sport.to_be_bytes())
+            .attr(RTA_DPORT, &dport.to_be_bytes());
         if mark != 0 {
             req = req.attr(RTA_MARK, &mark.to_ne_bytes());
         }
@@ -670,7 +686,7 @@ mod tests {
         // A test namespace may have lo down without addresses; when it has them, the
         // route from 127.0.0.1 to itself leaves by lo.
         if addrs.contains(&local) {
-            assert_eq!(nl.route_oif(local, local, 0).unwrap(), lo.ifindex);
+            assert_eq!(nl.route_oif(local, local, (1, 2), 0).unwrap(), lo.ifindex);
         }
         assert!(nl.link(None, "no-such-link").is_err());
         let _ = Monitor::open().unwrap().drain();

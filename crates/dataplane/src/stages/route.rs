@@ -9,15 +9,16 @@
 use super::StageCtx;
 use crate::icmp;
 use crate::inner;
-use crate::interface::Interface;
+use crate::interface::{Interface, PeerTable};
 use crate::packet::Packet;
 use crate::peer::Peer;
 use std::net::IpAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-/// Writes an ICMP error about `packet` back into the TUN, within the rate limit.
-fn answer_unreachable(dev: &Interface, packet: &[u8]) {
+/// Writes an ICMP error about `packet` back into the TUN, within the rate limit: for a
+/// packet no peer routes, and one for a peer without an endpoint (`nonce`).
+pub(crate) fn answer_unreachable(dev: &Interface, packet: &[u8]) {
     let Some(h) = inner::parse(packet) else {
         return;
     };
@@ -41,38 +42,51 @@ fn answer_unreachable(dev: &Interface, packet: &[u8]) {
 /// Whether `packet` is one of this tunnel's own outer datagrams, which a route through
 /// the tunnel itself (a peer's endpoint inside its own AllowedIPs, or reached through
 /// the tunnel) has brought back: UDP from our listen port, from one of the host's
-/// addresses, read from a TUN in the sockets' namespace. Encapsulating it again would
-/// loop for ever, each round 32 bytes larger and, past the MTU, in more fragments.
+/// addresses, to a peer's endpoint, read from a TUN in the sockets' namespace.
+/// Encapsulating it again would loop for ever, each round 32 bytes larger and, past
+/// the MTU, in more fragments. (The kernel's WireGuard refuses such a send, `ELOOP`,
+/// when it finds its route leads into the device; a user-space daemon sees the route's
+/// result only here.)
 ///
-/// Why this is sound: in one namespace only our sockets can send from our port on the
-/// host's addresses (the port is bound on the wildcard address by a SO_REUSEPORT group
-/// no other user can join). A forwarded packet from another host keeps its foreign
-/// source, and a tunnel nested in ours uses another port. What it cannot see is a loop
-/// through a second tunnel (ours inside theirs inside ours): that is bounded only by
-/// packets outgrowing the largest datagram. Costs a port comparison per packet.
-fn is_own_outer(dev: &Interface, packet: &[u8], port: u16) -> bool {
-    let (src, sport) = match packet.first().map(|b| b >> 4) {
+/// Why the endpoint: in one namespace only our sockets send from our port on the host's
+/// addresses, but a packet masqueraded into the tunnel (`-o wg0 -j MASQUERADE`, a router
+/// sharing the tunnel with its LAN) gets the tunnel's own address as its source and
+/// keeps its source port: a LAN host's WireGuard, NTP or IKE traffic on the port we
+/// listen on. Its destination is a host behind the tunnel, not a peer's endpoint. What
+/// this cannot see is a loop through a second tunnel (ours inside theirs inside ours):
+/// that is bounded only by packets outgrowing the largest datagram.
+///
+/// Cost: a port comparison per packet; the endpoint scan (each peer's state locked, in
+/// the table-then-peer order every path takes) only for packets from our port and a
+/// host address, which outside a loop are rare.
+fn is_own_outer(dev: &Interface, table: &PeerTable, packet: &[u8], port: u16) -> bool {
+    let (src, dst, ports) = match packet.first().map(|b| b >> 4) {
         Some(4) if packet.len() >= 20 && packet[9] == 17 => {
             let ihl = usize::from(packet[0] & 0x0f) * 4;
             let first_fragment = u16::from_be_bytes([packet[6], packet[7]]) & 0x1fff == 0;
-            let Some(ports) = packet.get(ihl..ihl + 2).filter(|_| first_fragment) else {
+            let Some(ports) = packet.get(ihl..ihl + 4).filter(|_| first_fragment) else {
                 return false;
             };
             let src: [u8; 4] = packet[12..16].try_into().unwrap();
-            (IpAddr::from(src), u16::from_be_bytes([ports[0], ports[1]]))
+            let dst: [u8; 4] = packet[16..20].try_into().unwrap();
+            (IpAddr::from(src), IpAddr::from(dst), ports)
         }
-        Some(6) if packet.len() >= 42 && packet[6] == 17 => {
+        Some(6) if packet.len() >= 44 && packet[6] == 17 => {
             let src: [u8; 16] = packet[8..24].try_into().unwrap();
-            (
-                IpAddr::from(src),
-                u16::from_be_bytes([packet[40], packet[41]]),
-            )
+            let dst: [u8; 16] = packet[24..40].try_into().unwrap();
+            (IpAddr::from(src), IpAddr::from(dst), &packet[40..44])
         }
         _ => return false,
     };
+    let sport = u16::from_be_bytes([ports[0], ports[1]]);
+    let dport = u16::from_be_bytes([ports[2], ports[3]]);
     sport == port
         && dev.netwatch.tun_beside_sockets()
         && dev.netwatch.is_host_address(&src) == Some(true)
+        && table.by_id.values().any(|p| {
+            let endpoint = p.state().endpoint();
+            endpoint.is_some_and(|e| e.ip() == dst && e.port() == dport)
+        })
 }
 
 /// Takes every packet out of `packets` (leaving its allocation for the next read).
@@ -90,7 +104,7 @@ pub fn route(c: StageCtx<'_>, packets: &mut Vec<Packet>) -> Vec<(Arc<Peer>, Vec<
         let port = dev.sockets().port;
         for p in packets.iter_mut() {
             group_of.push(None);
-            if is_own_outer(dev, p.plaintext(), port) {
+            if is_own_outer(dev, &table, p.plaintext(), port) {
                 dev.stats.tx_routing_loop.fetch_add(1, Ordering::Relaxed);
                 continue;
             }
