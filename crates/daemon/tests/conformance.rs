@@ -298,9 +298,9 @@ fn the_outer_header_carries_the_inner_ecn_field() {
     }
 }
 
-/// A packet no peer routes is answered with an ICMP (ICMPv6) destination-unreachable
-/// error, as the kernel answers it: `ping` reports it, and a TCP connect fails with
-/// EHOSTUNREACH at once rather than timing out.
+/// A packet no peer routes, or whose peer has no endpoint, is answered with an ICMP
+/// (ICMPv6) destination-unreachable error, as the kernel answers it: `ping` reports it,
+/// and a TCP connect fails with EHOSTUNREACH at once rather than timing out.
 #[test]
 fn unroutable_packets_get_destination_unreachable() {
     require_root();
@@ -332,10 +332,18 @@ fn unroutable_packets_get_destination_unreachable() {
         out.contains("From fd77::99 icmp_seq=1 Destination unreachable: Address unreachable"),
         "{out}"
     );
+    // The peer that routes 10.77.0.2 has no endpoint: as in the kernel, its packets
+    // are answered the same way, not staged for a handshake that cannot be sent.
+    let no_endpoint = ns.try_run_ok("ping -c 3 -i 0.2 -W 5 10.77.0.2");
+    let out = String::from_utf8_lossy(&no_endpoint.stdout);
+    assert!(
+        out.contains("From 10.77.0.2 icmp_seq=1 Destination Host Unreachable"),
+        "{out}"
+    );
     let name = ns.name.clone();
     let kinds = std::thread::spawn(move || {
         enter_ns(&name);
-        ["10.77.0.99:9", "[fd77::99]:9"].map(|a| {
+        ["10.77.0.99:9", "[fd77::99]:9", "10.77.0.2:9"].map(|a| {
             let addr: std::net::SocketAddr = a.parse().unwrap();
             std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(20))
                 .map(drop)
@@ -349,6 +357,15 @@ fn unroutable_packets_get_destination_unreachable() {
     }
     let dump = uapi_stats(&d.ifname);
     assert!(dump.contains("tx_icmp_unreachable="), "{dump}");
+    let stat = |name: &str| -> u64 {
+        let line = dump
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}=")));
+        line.and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("{name}: {dump}"))
+    };
+    assert!(stat("tx_no_endpoint") >= 3);
+    assert_eq!(stat("staged_max"), 0, "nothing waits for a handshake");
 }
 
 /// The daemon's `stats=1` counters, as the UAPI reports them.

@@ -10,7 +10,7 @@
 use crate::interface::{Interface, PeerTable};
 use crate::peer::Peer;
 use crate::sockets::Sockets;
-use crate::stages::nonce::step;
+use crate::stages::nonce::{send_staged, step};
 use crate::stages::StageCtx;
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
@@ -109,7 +109,7 @@ fn allowed_ips_bound(table: &PeerTable, update: &DeviceUpdate) -> usize {
         if pu.remove || pu.replace_allowed_ips {
             if let Some(p) = table.by_key.get(&pu.public_key) {
                 if cleared.insert(p.id) {
-                    count -= table.allowed.owned_by(p.id).len();
+                    count -= table.allowed.owned_count(p.id);
                 }
             }
         }
@@ -202,12 +202,24 @@ impl Interface {
         let mut touched: Vec<(Arc<Peer>, Option<u16>)> = Vec::new();
         let mut added: Vec<Arc<Peer>> = Vec::new();
         let mut removed: Vec<Arc<Peer>> = Vec::new();
+        let had_identity = self.identity().is_some();
         {
             let mut table = self.table_mut();
+            let rebound = new_sockets.is_some() || mark != cur_mark;
             if let Some(s) = new_sockets {
                 self.replace_sockets(s);
             } else if mark != cur_mark {
                 self.set_sockets_fwmark(mark);
+            }
+            // New sockets or a new mark can route a peer's replies another way: every
+            // remembered source is forgotten and learnt again from what arrives, as
+            // the kernel clears each peer's source on a port or fwmark change (a
+            // source checked under the old mark would otherwise be kept until some
+            // unrelated address or route event).
+            if rebound {
+                for p in table.by_id.values() {
+                    p.forget_source();
+                }
             }
             if let Some(k) = update.private_key {
                 removed.extend(self.change_identity(c, &mut table, k));
@@ -250,7 +262,11 @@ impl Interface {
                         st.set_psk(psk);
                     }
                     if let Some(ep) = pu.endpoint {
+                        // Set from outside, even to the address it had, the endpoint
+                        // comes without a source, as in the kernel: the next packet
+                        // from the peer teaches it again.
                         st.set_endpoint(ep);
+                        peer.forget_source();
                     }
                 }
                 if pu.replace_allowed_ips {
@@ -281,6 +297,18 @@ impl Interface {
                         st.set_persistent_keepalive(secs, out)
                     });
                 }
+            }
+        }
+        // Packets staged while the interface had no private key began no handshake
+        // (there was nothing to make one with); with the first key they go, or their
+        // handshake begins, as the kernel sends every peer's staged packets then.
+        if !had_identity && self.identity().is_some() {
+            let waiting: Vec<Arc<Peer>> = (self.table().by_id.values())
+                .filter(|p| p.staged_len() > 0)
+                .cloned()
+                .collect();
+            for p in waiting {
+                send_staged(c, &p, false);
             }
         }
         Ok(())
@@ -338,7 +366,7 @@ impl Interface {
                     rx_bytes: p.rx_bytes.load(Ordering::Relaxed),
                     tx_bytes: p.tx_bytes.load(Ordering::Relaxed),
                     persistent_keepalive: st.persistent_keepalive(),
-                    allowed_ips: table.allowed.owned_by(p.id).to_vec(),
+                    allowed_ips: table.allowed.owned_by(p.id).collect(),
                 }
             })
             .collect();
@@ -351,3 +379,7 @@ impl Interface {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "config_tests.rs"]
+mod tests;

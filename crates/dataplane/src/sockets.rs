@@ -92,6 +92,20 @@ impl Sockets {
         }
     }
 
+    /// The socket a handshake message to `dst` leaves by: the family's handshake
+    /// socket where there is one, else the data socket. The handshake socket's send
+    /// buffer is its own, so a bulk transfer that fills the data socket's (its sends
+    /// wait for room) never makes an initiation or a response fail with EAGAIN, where
+    /// the kernel's WireGuard, with an unbounded send buffer, would have sent it.
+    pub fn for_handshake_to(&self, dst: &SocketAddr) -> Option<&Arc<dyn UdpPort>> {
+        let own = match dst {
+            SocketAddr::V4(_) => self.hs4.as_ref(),
+            SocketAddr::V6(a) if a.ip().to_ipv4_mapped().is_some() => self.hs4.as_ref(),
+            SocketAddr::V6(_) => self.hs6.as_ref(),
+        };
+        own.or_else(|| self.for_destination(dst))
+    }
+
     /// The socket one UDP reader serves.
     pub fn for_reader(&self, v6: bool, role: SocketRole) -> Option<&Arc<dyn UdpPort>> {
         match (v6, role) {
@@ -105,7 +119,25 @@ impl Sockets {
     }
 
     /// Binds both families on `port` (0: any). IPv6 may be unavailable; IPv4 may not.
+    ///
+    /// With port 0 the kernel picks IPv4's port, which an IPv6-only socket may hold: the
+    /// pick is tried again, up to 100 times, as the kernel's WireGuard and wireguard-go
+    /// do, rather than failing the start on a port the user never asked for.
     pub fn bind(port: u16, fwmark: u32) -> std::io::Result<Sockets> {
+        let mut tries = 1;
+        loop {
+            match Self::bind_once(port, fwmark) {
+                Err(e)
+                    if port == 0 && e.raw_os_error() == Some(libc::EADDRINUSE) && tries < 100 =>
+                {
+                    tries += 1;
+                }
+                done => return done,
+            }
+        }
+    }
+
+    fn bind_once(port: u16, fwmark: u32) -> std::io::Result<Sockets> {
         let steering = steering();
         let (v4, steered4) = UdpSocket::bind_steered(false, port, &steering)?;
         let port = v4.local_port()?;
@@ -137,7 +169,11 @@ impl Sockets {
             fwmark,
             retired: Some(Arc::new(Waker::new()?)),
         };
-        s.apply_fwmark(fwmark)?;
+        // Fresh sockets carry no mark. Setting 0 anyway would need CAP_NET_ADMIN (or
+        // CAP_NET_RAW) for nothing, and fail every rebind of a daemon without it.
+        if fwmark != 0 {
+            s.apply_fwmark(fwmark)?;
+        }
         Ok(s)
     }
 
@@ -176,6 +212,56 @@ mod tests {
 
     fn fired(w: &Waker) -> bool {
         wait_readable_any(-1, &[w], 0).unwrap() == Ready::Woken
+    }
+
+    /// Port 0 in a namespace with two ephemeral ports, one held by an IPv6-only
+    /// socket: whenever IPv4 picks that one, the pick is tried again, so every bind
+    /// succeeds (about half failed before).
+    #[test]
+    fn port_zero_tries_again_when_ipv6_has_the_port() {
+        // SAFETY: moves only this thread into a new network namespace.
+        assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWNET) }, 0, "unshare");
+        std::fs::write("/proc/sys/net/ipv4/ip_local_port_range", "40000 40001").unwrap();
+        // IPv6-only, so IPv4's 40000 stays free for the kernel to pick.
+        // SAFETY: plain socket calls on a descriptor this test owns; each checked.
+        let held = unsafe {
+            let fd = libc::socket(libc::AF_INET6, libc::SOCK_DGRAM, 0);
+            assert!(fd >= 0);
+            let one: libc::c_int = 1;
+            let len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+            let opt = (&one as *const libc::c_int).cast();
+            assert_eq!(
+                libc::setsockopt(fd, libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, opt, len),
+                0
+            );
+            let mut sa: libc::sockaddr_in6 = std::mem::zeroed();
+            sa.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+            sa.sin6_port = 40000u16.to_be();
+            let sa_len = std::mem::size_of::<libc::sockaddr_in6>() as libc::socklen_t;
+            assert_eq!(
+                libc::bind(fd, (&sa as *const libc::sockaddr_in6).cast(), sa_len),
+                0
+            );
+            fd
+        };
+        for _ in 0..20 {
+            let s = Sockets::bind(0, 0).unwrap();
+            assert_eq!(s.port, 40001);
+        }
+        // SAFETY: held is this test's descriptor.
+        unsafe { libc::close(held) };
+    }
+
+    #[test]
+    fn handshake_messages_leave_by_the_handshake_socket() {
+        let s = Sockets::bind(0, 0).unwrap();
+        let to: SocketAddr = "127.0.0.1:9".parse().unwrap();
+        let chosen = s.for_handshake_to(&to).unwrap();
+        match &s.hs4 {
+            Some(hs) => assert!(Arc::ptr_eq(chosen, hs)),
+            None => assert!(Arc::ptr_eq(chosen, s.v4.as_ref().unwrap())),
+        }
+        assert!(!Arc::ptr_eq(chosen, s.for_destination(&to).unwrap()) || s.hs4.is_none());
     }
 
     #[test]

@@ -295,48 +295,85 @@ pub struct AllowedIps<T> {
     len: usize,
 }
 
-/// The prefixes one owner holds. Past [`Owned::INDEXED_FROM`] of them, a position index
-/// makes taking one away O(1): a `set` that removed or moved N of one peer's N prefixes
-/// searched its list for each, O(N²) under the peer table's write lock, which stops
-/// every packet of the interface meanwhile. Below it, a search of a few entries is
-/// cheaper than an index, and a gateway's peers (a prefix or two each) pay 8 bytes.
+/// The prefixes one owner holds, in the order they were added (`wg show` lists them
+/// so, as the kernel and wireguard-go keep them). Past [`Owned::INDEXED_FROM`] of them,
+/// a position index makes taking one away O(1): a `set` that removed or moved N of one
+/// peer's N prefixes searched its list for each, O(N²) under the peer table's write
+/// lock, which stops every packet of the interface meanwhile. Below it, a search of a
+/// few entries is cheaper than an index, and a gateway's peers (a prefix or two each)
+/// pay 8 bytes.
 #[derive(Default)]
 struct Owned {
+    /// With an index, a prefix taken away leaves [`GONE`] in its place until half the
+    /// list is gone and it is compacted, so the others keep their order and places.
     list: Vec<Prefix>,
-    /// Where each prefix sits in `list`, once it is long. Invariant: when present,
-    /// `index[list[i]] == i` for every i, and it holds nothing else. Boxed so that the
-    /// field takes 8 bytes, not a `HashMap`'s 48, in every owner that never needs it.
     #[allow(clippy::box_collection)]
-    index: Option<Box<HashMap<Prefix, usize>>>,
+    index: Option<Box<Index>>,
 }
+
+/// Where each prefix sits in a long [`Owned::list`]. Invariant: `at[list[i]] == i` for
+/// every i whose entry is not [`GONE`], it holds nothing else, and `gone` counts the
+/// [`GONE`] entries. Boxed so that the field takes 8 bytes, not a `HashMap`'s 48, in
+/// every owner that never needs it.
+struct Index {
+    at: HashMap<Prefix, usize>,
+    gone: usize,
+}
+
+/// The mark of a place a prefix left: no real prefix is this long.
+const GONE: Prefix = Prefix {
+    addr: IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
+    len: u8::MAX,
+};
 
 impl Owned {
     const INDEXED_FROM: usize = 32;
+
+    fn len(&self) -> usize {
+        self.list.len() - self.index.as_ref().map_or(0, |i| i.gone)
+    }
+
+    fn iter(&self) -> impl Iterator<Item = Prefix> + '_ {
+        self.list.iter().copied().filter(|p| *p != GONE)
+    }
 
     fn push(&mut self, prefix: Prefix) {
         self.list.push(prefix);
         match &mut self.index {
             Some(index) => {
-                index.insert(prefix, self.list.len() - 1);
+                index.at.insert(prefix, self.list.len() - 1);
             }
             None if self.list.len() > Self::INDEXED_FROM => {
-                let index = self.list.iter().enumerate().map(|(i, p)| (*p, i));
-                self.index = Some(Box::new(index.collect()));
+                let at = self.list.iter().enumerate().map(|(i, p)| (*p, i));
+                self.index = Some(Box::new(Index {
+                    at: at.collect(),
+                    gone: 0,
+                }));
             }
             None => {}
         }
     }
 
-    /// Takes `prefix` away (the last prefix takes its place).
+    /// Takes `prefix` away; the others keep their order.
     fn remove(&mut self, prefix: &Prefix) {
-        let at = match &mut self.index {
-            Some(index) => index.remove(prefix),
-            None => self.list.iter().position(|p| p == prefix),
+        let Some(index) = &mut self.index else {
+            if let Some(at) = self.list.iter().position(|p| p == prefix) {
+                self.list.remove(at);
+            }
+            return;
         };
-        let Some(at) = at else { return };
-        self.list.swap_remove(at);
-        if let (Some(index), Some(moved)) = (&mut self.index, self.list.get(at)) {
-            index.insert(*moved, at);
+        let Some(at) = index.at.remove(prefix) else {
+            return;
+        };
+        self.list[at] = GONE;
+        index.gone += 1;
+        // Compacted when half is gone: each removal costs O(1) amortised.
+        if index.gone * 2 > self.list.len() {
+            self.list.retain(|p| *p != GONE);
+            index.gone = 0;
+            for (i, p) in self.list.iter().enumerate() {
+                index.at.insert(*p, i);
+            }
         }
     }
 }
@@ -374,7 +411,7 @@ impl<T: Copy + Eq + Hash> AllowedIps<T> {
     fn unlist(&mut self, prefix: Prefix, owner: T) {
         if let Some(owned) = self.owned.get_mut(&owner) {
             owned.remove(&prefix);
-            if owned.list.is_empty() {
+            if owned.len() == 0 {
                 self.owned.remove(&owner);
             }
         }
@@ -431,22 +468,26 @@ impl<T: Copy + Eq + Hash> AllowedIps<T> {
 
     /// Removes every prefix owned by `value`.
     pub fn remove_value(&mut self, value: T) -> usize {
-        let list = self.owned.remove(&value).unwrap_or_default().list;
-        for p in &list {
+        let owned = self.owned.remove(&value).unwrap_or_default();
+        for p in owned.iter() {
             let key = to_bits(&p.addr);
             self.trie(&p.addr).remove(key, p.len);
-            if let Some(hosts) = self.hosts_of(p) {
+            if let Some(hosts) = self.hosts_of(&p) {
                 hosts.remove(&key);
             }
         }
-        self.len -= list.len();
-        list.len()
+        self.len -= owned.len();
+        owned.len()
     }
 
-    /// The prefixes `value` owns: in insertion order until one is taken away, whose
-    /// place the last one then takes.
-    pub fn owned_by(&self, value: T) -> &[Prefix] {
-        self.owned.get(&value).map_or(&[], |o| o.list.as_slice())
+    /// The prefixes `value` owns, in the order they were added.
+    pub fn owned_by(&self, value: T) -> impl Iterator<Item = Prefix> + '_ {
+        self.owned.get(&value).into_iter().flat_map(Owned::iter)
+    }
+
+    /// How many prefixes `value` owns.
+    pub fn owned_count(&self, value: T) -> usize {
+        self.owned.get(&value).map_or(0, Owned::len)
     }
 
     pub fn clear(&mut self) {

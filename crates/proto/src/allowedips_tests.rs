@@ -129,7 +129,7 @@ fn differential_against_linear_reference() {
         let mut listed = Vec::new();
         trie.for_each(|q, v| listed.push((q, v)));
         let mut by_owner: Vec<(Prefix, u32)> = (0..50u32)
-            .flat_map(|v| trie.owned_by(v).iter().map(move |q| (*q, v)))
+            .flat_map(|v| trie.owned_by(v).map(move |q| (q, v)))
             .collect();
         by_owner.sort();
         listed.sort();
@@ -189,15 +189,52 @@ fn an_owner_with_many_prefixes_loses_them_in_any_order() {
         }
         kept.remove(q);
         if n % 997 == 0 || kept.len() < 40 {
-            let listed: HashSet<Prefix> = t.owned_by(1).iter().copied().collect();
-            assert_eq!(listed.len(), t.owned_by(1).len(), "listed twice");
+            let listed: HashSet<Prefix> = t.owned_by(1).collect();
+            assert_eq!(listed.len(), t.owned_count(1), "listed twice");
             assert_eq!(listed, kept, "after {n}");
         }
     }
-    assert!(t.owned_by(1).is_empty());
-    let listed: HashSet<Prefix> = t.owned_by(2).iter().copied().collect();
+    assert_eq!(t.owned_by(1).next(), None);
+    let listed: HashSet<Prefix> = t.owned_by(2).collect();
     assert_eq!(listed, moved);
     assert_eq!(t.len(), moved.len());
     assert_eq!(t.remove_value(2), moved.len());
     assert_eq!(t.len(), 0);
+}
+
+/// An owner's prefixes keep the order they were added in when some are taken away or
+/// moved to another owner, short list or long (indexed, compacted once half is gone),
+/// as `wg show` lists them from the kernel and wireguard-go.
+#[test]
+fn an_owners_prefixes_keep_their_order() {
+    for n in [5u32, 100] {
+        let mut t = AllowedIps::default();
+        let prefixes: Vec<Prefix> = (0..n)
+            .map(|i| p(&format!("10.{}.{}.0/24", i / 256, i % 256)))
+            .collect();
+        for q in &prefixes {
+            t.insert(*q, 1);
+        }
+        let mut want = prefixes.clone();
+        // Take away every third, moving half of those to owner 2.
+        for (k, q) in prefixes.iter().enumerate().filter(|(k, _)| k % 3 == 0) {
+            if k % 2 == 0 {
+                t.insert(*q, 2);
+            } else {
+                assert!(t.remove_if_owned(*q, 1));
+            }
+            want.retain(|w| w != q);
+            assert_eq!(t.owned_by(1).collect::<Vec<_>>(), want, "n={n} after {k}");
+            assert_eq!(t.owned_count(1), want.len());
+        }
+        // Past the compaction too: all but the last two.
+        let last = want.split_off(want.len() - 2);
+        for q in &want {
+            assert!(t.remove_if_owned(*q, 1));
+        }
+        assert_eq!(t.owned_by(1).collect::<Vec<_>>(), last, "n={n}");
+        for (i, q) in last.iter().enumerate() {
+            assert_eq!(t.lookup(q.addr), Some(1), "n={n} {i}");
+        }
+    }
 }

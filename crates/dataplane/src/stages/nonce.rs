@@ -123,7 +123,7 @@ pub fn assign_and_enqueue(c: StageCtx<'_>, peer: &Arc<Peer>, packets: Vec<Packet
 
 /// What a session that became usable asks for (`Output::SendStaged`): the staged
 /// packets, or a keepalive if there are none and `keepalive_if_empty`.
-fn send_staged(c: StageCtx<'_>, peer: &Arc<Peer>, keepalive_if_empty: bool) {
+pub(crate) fn send_staged(c: StageCtx<'_>, peer: &Arc<Peer>, keepalive_if_empty: bool) {
     enqueue_after_staged(c, peer, Vec::new(), Budget::Bypassed, keepalive_if_empty);
 }
 
@@ -182,6 +182,14 @@ fn enqueue_after_staged(
     keepalive_if_empty: bool,
 ) {
     if peer.is_removed() {
+        // Routed before the removal, or dequeued by a pump that raced it.
+        let n = chunk.len() as u64;
+        if n > 0 {
+            c.iface
+                .stats
+                .removed_dropped
+                .fetch_add(n, Ordering::Relaxed);
+        }
         return;
     }
     // The step's outputs (a handshake it started) are carried out after its batches
@@ -193,7 +201,14 @@ fn enqueue_after_staged(
         queued: Queued::default(),
     };
     let queued = &mut unsent.queued;
-    let (dropped, outs) = take_step(c, peer, |state, ctx, out| {
+    let ((dropped, unreachable), outs) = take_step(c, peer, |state, ctx, out| {
+        // A peer with no endpoint (configured without one, and not heard from) cannot
+        // be sent to: its packets are answered "host unreachable" and dropped, as the
+        // kernel's `wg_xmit` does (`-EDESTADDRREQ`), rather than staged where the
+        // sender hears nothing until it gives up.
+        if state.endpoint().is_none() && !chunk.is_empty() {
+            return (0, chunk);
+        }
         let mut dropped = 0;
         let mut queue = |packets: Vec<Packet>, budget: Budget| -> Result<(), Vec<Packet>> {
             let n = packets.len();
@@ -242,8 +257,15 @@ fn enqueue_after_staged(
         if !waiting.is_empty() {
             dropped += peer.stage(waiting);
         }
-        dropped
+        (dropped, Vec::new())
     });
+    if !unreachable.is_empty() {
+        let n = unreachable.len() as u64;
+        c.iface.stats.tx_no_endpoint.fetch_add(n, Ordering::Relaxed);
+        for p in &unreachable {
+            super::route::answer_unreachable(c.iface, p.plaintext());
+        }
+    }
     let queued = std::mem::take(&mut unsent.queued);
     if dropped > 0 {
         c.iface

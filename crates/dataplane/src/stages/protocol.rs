@@ -72,7 +72,7 @@ pub fn take_step<R>(
 }
 
 /// Sends one datagram (a handshake message) to the peer's current endpoint, if it has
-/// one, from its sticky source.
+/// one, from its sticky source, by the handshake socket (`Sockets::for_handshake_to`).
 pub fn send_to_peer(c: StageCtx<'_>, peer: &Peer, bytes: &[u8]) {
     let iface = c.iface;
     let Some(ep) = peer.state().endpoint() else {
@@ -81,10 +81,15 @@ pub fn send_to_peer(c: StageCtx<'_>, peer: &Peer, bytes: &[u8]) {
     };
     let src = iface.source_for(peer, ep);
     let sockets = iface.sockets();
-    if let Some(s) = sockets.for_destination(&ep) {
-        if s.send_from(bytes, &ep, src, NOT_ECT).is_ok() {
-            peer.tx_bytes
-                .fetch_add(bytes.len() as u64, Ordering::Relaxed);
-        }
+    let sent = sockets
+        .for_handshake_to(&ep)
+        .is_some_and(|s| s.send_from(bytes, &ep, src, NOT_ECT).is_ok());
+    if sent {
+        peer.tx_bytes
+            .fetch_add(bytes.len() as u64, Ordering::Relaxed);
+    } else {
+        // No socket of the endpoint's family, or the kernel refused it: the timers
+        // retry; the loss is counted, not silent.
+        iface.stats.tx_send_failed.fetch_add(1, Ordering::Relaxed);
     }
 }
