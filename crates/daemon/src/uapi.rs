@@ -21,14 +21,45 @@ use crate::timed::Timed;
 
 /// Longest line we accept; the longest legitimate one is a 64-digit key or an endpoint.
 const MAX_LINE: usize = 4096;
-/// Most lines in one `set`: generous for 10^5 peers with several allowed IPs each.
+/// The fewest lines one `set` may hold, whatever the interface's limits: generous for
+/// 10^5 peers with several allowed IPs each.
 const MAX_LINES: usize = 4_000_000;
-/// Most bytes one `set` may hold while it is read, counting each line's bookkeeping
-/// (`LINE_OVERHEAD`): 10^5 peers with a few allowed IPs each take about 25 MiB. Without
-/// it a client could make one connection hold 16 GiB of lines before any was checked.
+/// The fewest bytes one `set` may hold while it is read, counting each line's
+/// bookkeeping (`LINE_OVERHEAD`): 10^5 peers with a few allowed IPs each take about
+/// 25 MiB.
 const MAX_SET_BYTES: usize = 64 << 20;
 /// What a kept line costs beside its bytes (a `String`'s header and allocation).
 const LINE_OVERHEAD: usize = 32;
+/// A peer's lines at their longest, as held: public and preshared keys, an endpoint,
+/// a keepalive, `replace_allowed_ips`, `update_only`, `protocol_version`.
+const PEER_LINES_BYTES: usize = 640;
+/// An `allowed_ip` line at its longest (an IPv6 prefix), as held.
+const ALLOWED_IP_LINE_BYTES: usize = 96;
+
+/// How many lines and bytes one `set` may hold while it is read: whatever a whole
+/// configuration within the interface's own limits takes (`wg setconf` and `syncconf`
+/// send every peer in one request, so a configuration the limits admit must fit), and
+/// never less than `MAX_LINES` and `MAX_SET_BYTES`. Without a bound a client could make
+/// one connection hold any amount of memory before a line was checked.
+fn set_bounds(dev: &Interface) -> (usize, usize) {
+    let (peers, ips) = (dev.max_peers(), dev.max_allowed_ips());
+    let lines = peers.saturating_mul(7).saturating_add(ips);
+    let bytes = (peers.saturating_mul(PEER_LINES_BYTES))
+        .saturating_add(ips.saturating_mul(ALLOWED_IP_LINE_BYTES));
+    (lines.max(MAX_LINES), bytes.max(MAX_SET_BYTES))
+}
+
+/// Reads and drops the rest of a `set` past its bound, up to its blank line: the
+/// answer then reaches a client that writes its whole request before it reads (as
+/// `wg` does), which would otherwise die of SIGPIPE on the closed connection without
+/// printing why. The request's time limit still bounds how long this reads.
+fn discard_rest_of_request(r: &mut impl BufRead, buf: &mut Vec<u8>) {
+    while let Ok(Some(l)) = read_line(r, buf) {
+        if l.is_empty() {
+            return;
+        }
+    }
+}
 /// How long one request may take to arrive and its answer to leave: a client that
 /// trickles a byte at a time, or never reads its answer, holds one of the few
 /// connection slots no longer than this. A `set` of 10^5 peers arrives in about a
@@ -52,9 +83,13 @@ fn invalid(message: String) -> UapiError {
     }
 }
 
+/// A line without `=` is no request at all: EPROTO, as wireguard-go answers it; a
+/// key or value it does not take is EINVAL.
 fn key_value(line: &str) -> Result<(&str, &str), UapiError> {
-    line.split_once('=')
-        .ok_or_else(|| invalid(format!("line '{line}' is not key=value")))
+    line.split_once('=').ok_or_else(|| UapiError {
+        errno: libc::EPROTO,
+        message: format!("line '{line}' is not key=value"),
+    })
 }
 
 fn parse_key(field: &str, v: &str) -> Result<[u8; 32], UapiError> {
@@ -334,6 +369,7 @@ pub fn serve_connection(stream: UnixStream, dev: &Arc<Interface>, rt: &Runtime) 
             "set=1" => {
                 let mut lines = Vec::new();
                 let mut held = 0;
+                let (max_lines, max_bytes) = set_bounds(dev);
                 loop {
                     match read_line(&mut reader, &mut buf) {
                         // The stream ended inside the request: nothing is applied, and
@@ -342,7 +378,9 @@ pub fn serve_connection(stream: UnixStream, dev: &Arc<Interface>, rt: &Runtime) 
                         Ok(Some(l)) if l.is_empty() => break,
                         Ok(Some(l)) => {
                             held += l.len() + LINE_OVERHEAD;
-                            if lines.len() >= MAX_LINES || held > MAX_SET_BYTES {
+                            if lines.len() >= max_lines || held > max_bytes {
+                                drop(lines);
+                                discard_rest_of_request(&mut reader, &mut buf);
                                 let e = io::Error::new(
                                     io::ErrorKind::FileTooLarge,
                                     "UAPI request too large",

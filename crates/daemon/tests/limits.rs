@@ -1,7 +1,11 @@
 //! Resource limits at configuration time: a peer count past the interface's limit is
 //! refused whole with a clear error and changes nothing, and peers cost no file
-//! descriptors, so the descriptor limit never bounds them.
+//! descriptors, so the descriptor limit never bounds them. A `set` request is bounded
+//! by what a configuration within those limits takes, not by a fixed size: `wg
+//! setconf` sends every peer at once.
 
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
 use wirelane_lab::impls::start_wirelane;
 use wirelane_lab::netns::{sh, unique};
 use wirelane_lab::peers::config;
@@ -144,4 +148,52 @@ fn peers_take_no_file_descriptors() {
     wg_conf(&d, "setconf", &config(5_000, &genkeys().private)).unwrap();
     assert_eq!(d.dump_peers().len(), 5_000);
     assert!(fds() <= open + 2, "{} descriptors with 5,000 peers", fds());
+}
+
+/// `--max-peers 200000`: `wg setconf` of 170,000 peers, each with a preshared key, a
+/// keepalive and two allowed IPs, loads whole. As the daemon holds it while it reads
+/// (about 75 MiB), it is larger than the fixed 64 MiB bound a `set` once had, which
+/// refused it and killed `wg` with SIGPIPE before it could say why.
+#[test]
+fn a_setconf_as_large_as_the_peer_limit_allows_loads() {
+    require_root();
+    let ns = Netns::fresh();
+    let d = start_wirelane(WIRELANE, &ns, &[unique("lb")], &["--max-peers", "200000"])
+        .unwrap_or_else(|e| panic!("{e}"))
+        .remove(0);
+    let private = genkeys().private;
+    let psk = genkeys().private;
+    let conf = config(170_000, &private).replace(
+        "AllowedIPs",
+        &format!("PresharedKey = {psk}\nPersistentKeepalive = 25\nAllowedIPs"),
+    );
+    wg_conf(&d, "setconf", &conf).unwrap();
+    assert_eq!(d.wg("show IF peers").lines().count(), 170_000);
+}
+
+/// With limits that make the floor (64 MiB) the bound, a `set` past it is answered
+/// EMSGSIZE once the whole request has been read, and changes nothing: 17,000 lines
+/// of 4,000 bytes (read whole, it would be answered errno=-22 for its unknown key). A
+/// client that writes everything before it reads gets the answer, not a broken pipe.
+#[test]
+fn a_set_past_its_bound_is_read_to_its_end_and_refused() {
+    require_root();
+    let ns = Netns::fresh();
+    let args = ["--max-peers", "100", "--max-allowed-ips", "1000"];
+    let d = start_wirelane(WIRELANE, &ns, &[unique("lc")], &args)
+        .unwrap_or_else(|e| panic!("{e}"))
+        .remove(0);
+    d.wg("set IF listen-port 51820");
+    let before = d.wg("show IF dump");
+    let mut s = UnixStream::connect(socket_path(&d.ifname)).unwrap();
+    let line = format!("x={}\n", "a".repeat(4000));
+    let sent = std::iter::once("set=1\n")
+        .chain(std::iter::repeat_n(line.as_str(), 17_000))
+        .chain(std::iter::once("\n"))
+        .all(|l| s.write_all(l.as_bytes()).is_ok());
+    assert!(sent, "the whole request was read");
+    let mut reply = String::new();
+    s.read_to_string(&mut reply).unwrap();
+    assert_eq!(reply, "errno=-90\n\n");
+    assert_eq!(d.wg("show IF dump"), before);
 }
