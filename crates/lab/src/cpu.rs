@@ -52,14 +52,19 @@ pub struct CoreSplit {
     pub softirq: f64,
     pub irq: f64,
     pub idle: f64,
+    /// Time the hypervisor gave the virtual core's host CPU to another guest while
+    /// this one had work: not this machine's work, so not busy (records before
+    /// 2026-11-28 counted it in `sys`).
+    #[serde(default)]
+    pub steal: f64,
 }
 
 impl CoreSplit {
-    /// The share of the interval the core was busy (0..1).
+    /// The share of the interval the core was busy with this machine's work (0..1).
     pub fn busy(&self) -> f64 {
-        let total = self.user + self.sys + self.softirq + self.irq + self.idle;
+        let total = self.user + self.sys + self.softirq + self.irq + self.idle + self.steal;
         if total > 0.0 {
-            1.0 - self.idle / total
+            (self.user + self.sys + self.softirq + self.irq) / total
         } else {
             0.0
         }
@@ -81,17 +86,19 @@ pub fn core_splits(before: &[CoreTicks], after: &[CoreTicks]) -> Vec<CoreSplit> 
         .map(|(b, a)| {
             let d = |x: u64, y: u64| y.saturating_sub(x) as f64;
             let user = d(b.user, a.user) + d(b.nice, a.nice);
-            let sys = d(b.system, a.system) + d(b.steal, a.steal);
+            let sys = d(b.system, a.system);
+            let steal = d(b.steal, a.steal);
             let softirq = d(b.softirq, a.softirq);
             let irq = d(b.irq, a.irq);
             let idle = d(b.idle, a.idle) + d(b.iowait, a.iowait);
-            let total = (user + sys + softirq + irq + idle).max(1.0);
+            let total = (user + sys + softirq + irq + idle + steal).max(1.0);
             CoreSplit {
                 user: user / total,
                 sys: sys / total,
                 softirq: softirq / total,
                 irq: irq / total,
                 idle: idle / total,
+                steal: steal / total,
             }
         })
         .collect()
@@ -223,19 +230,32 @@ pub struct ThreadCpu {
 
 /// Per-thread CPU and run-queue seconds between two readings (threads that appeared
 /// count from 0).
+///
+/// A thread that ended between the readings moved all its time into the ended
+/// threads' entry, including what it had used before the first reading; that part
+/// is taken off the entry's delta, or the window would be charged for it.
 pub fn thread_deltas(
     process: &str,
     before: &HashMap<u32, (String, SchedTimes)>,
     after: &HashMap<u32, (String, SchedTimes)>,
 ) -> Vec<ThreadCpu> {
+    let ended_meanwhile_ns: u64 = before
+        .iter()
+        .filter(|(tid, _)| **tid != EXITED_THREADS && !after.contains_key(tid))
+        .map(|(_, (_, t))| t.run_ns)
+        .sum();
     let mut v: Vec<ThreadCpu> = after
         .iter()
         .map(|(tid, (name, now))| {
             let start = before.get(tid).map(|(_, t)| *t).unwrap_or_default();
+            let mut run_ns = now.run_ns.saturating_sub(start.run_ns);
+            if *tid == EXITED_THREADS {
+                run_ns = run_ns.saturating_sub(ended_meanwhile_ns);
+            }
             ThreadCpu {
                 process: process.to_string(),
                 thread: name.clone(),
-                cpu_s: now.run_ns.saturating_sub(start.run_ns) as f64 / 1e9,
+                cpu_s: run_ns as f64 / 1e9,
                 wait_s: now.wait_ns.saturating_sub(start.wait_ns) as f64 / 1e9,
             }
         })
@@ -293,6 +313,40 @@ pub fn ticks_per_second() -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A thread with 200 ms before the window that ends after 50 ms more in it: the
+    /// window is charged 50 ms, not the 250 ms the ended threads' entry grew by.
+    #[test]
+    fn a_thread_ending_in_the_window_is_charged_only_its_time_in_it() {
+        let t = |name: &str, ms: u64| {
+            let run = SchedTimes {
+                run_ns: ms * 1_000_000,
+                wait_ns: 0,
+            };
+            (name.to_string(), run)
+        };
+        let before = HashMap::from([(7, t("worker", 200)), (EXITED_THREADS, t("", 1_000))]);
+        let after = HashMap::from([(EXITED_THREADS, t("", 1_250))]);
+        let total: f64 = thread_deltas("p", &before, &after)
+            .iter()
+            .map(|d| d.cpu_s)
+            .sum();
+        assert!((total - 0.05).abs() < 1e-9, "{total}");
+    }
+
+    /// Stolen time is the hypervisor's, not this machine's work.
+    #[test]
+    fn steal_is_not_busy() {
+        let t = |user, steal, idle| CoreTicks {
+            user,
+            steal,
+            idle,
+            ..CoreTicks::default()
+        };
+        let split = core_splits(&[t(0, 0, 0)], &[t(30, 50, 20)]);
+        assert!((split[0].busy() - 0.3).abs() < 1e-12, "{split:?}");
+        assert_eq!(core_splits(&[t(0, 0, 0)], &[t(0, 80, 20)])[0].busy(), 0.0);
+    }
 
     #[test]
     fn a_finished_workload_thread_adds_its_run_time() {

@@ -691,13 +691,19 @@ impl Tunnel {
         })
     }
 
-    /// The distinct daemon processes (one per host for wirelane, one per tunnel end
-    /// for the others).
-    pub fn pids(&self) -> Vec<u32> {
-        let mut p: Vec<u32> = self.daemons.iter().filter_map(|d| d.pid).collect();
-        p.sort_unstable();
-        p.dedup();
-        p
+    /// The distinct daemon processes of host a and of host b (one per host for
+    /// wirelane, one per tunnel end for the others): `daemons` holds host a's tunnel
+    /// ends first, one per tunnel.
+    pub fn pids_by_host(&self) -> [Vec<u32>; 2] {
+        let (a, b) = self
+            .daemons
+            .split_at(self.pairs.len().min(self.daemons.len()));
+        [a, b].map(|ends| {
+            let mut p: Vec<u32> = ends.iter().filter_map(|d| d.pid).collect();
+            p.sort_unstable();
+            p.dedup();
+            p
+        })
     }
 }
 

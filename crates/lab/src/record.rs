@@ -68,6 +68,8 @@ pub struct RunRecord {
     pub latency: Option<Latency>,
     #[serde(default)]
     pub cpu: CpuReport,
+    /// Peak resident set per host (a, then b), its daemon processes' peaks summed;
+    /// records before 2026-11-28 held one entry per process.
     #[serde(default)]
     pub peak_rss_kib: Vec<u64>,
     #[serde(default)]

@@ -113,7 +113,12 @@ fn measure(which: Impl, cell: &Cell, dur: Duration, rec: &mut RunRecord) -> Resu
         return Err("tunnel did not come up (no reply during warm-up)".into());
     }
 
-    let pids: Vec<u32> = tun.pids();
+    let hosts = tun.pids_by_host();
+    let pids: Vec<(&str, u32)> = ["a", "b"]
+        .into_iter()
+        .zip(&hosts)
+        .flat_map(|(side, ps)| ps.iter().map(move |&p| (side, p)))
+        .collect();
     // wirelane's own counters, read around the workload like everything else: each
     // interface's, host A's tunnel ends first.
     let per_host = tun.pairs.len();
@@ -137,7 +142,7 @@ fn measure(which: Impl, cell: &Cell, dur: Duration, rec: &mut RunRecord) -> Resu
         .collect();
     let threads_before: Vec<_> = pids
         .iter()
-        .map(|p| cpu::read_threads_and_ended(*p))
+        .map(|&(_, p)| cpu::read_threads_and_ended(p))
         .collect();
     let cores_before = cpu::read_cores();
     let self_before = self_cpu_s();
@@ -227,24 +232,29 @@ fn measure(which: Impl, cell: &Cell, dur: Duration, rec: &mut RunRecord) -> Resu
         .iter()
         .zip(&cores_after)
         .map(|(b, a)| {
-            let busy =
-                |c: &cpu::CoreTicks| c.user + c.nice + c.system + c.irq + c.softirq + c.steal;
+            // Stolen time is another guest's: see `CoreSplit::steal`.
+            let busy = |c: &cpu::CoreTicks| c.user + c.nice + c.system + c.irq + c.softirq;
             busy(a).saturating_sub(busy(b)) as f64 / tick
         })
         .sum();
     let mut threads = Vec::new();
-    for (i, pid) in pids.iter().enumerate() {
-        let after = cpu::read_threads_and_ended(*pid);
-        let side = if i == 0 { "a" } else { "b" };
+    for (&(side, pid), before) in pids.iter().zip(&threads_before) {
+        let after = cpu::read_threads_and_ended(pid);
         threads.extend(cpu::thread_deltas(
             &format!("{}:{side}", which.name()),
-            &threads_before[i],
+            before,
             &after,
         ));
-        rec.peak_rss_kib.extend(cpu::peak_rss_kib(*pid));
     }
+    // One figure per host, its processes' peaks summed: wireguard-go and boringtun
+    // run a process per tunnel where wirelane serves every tunnel from one, so a
+    // single process's peak would compare one tunnel's memory with T tunnels'.
+    rec.peak_rss_kib = hosts
+        .iter()
+        .map(|ps| ps.iter().filter_map(|&p| cpu::peak_rss_kib(p)).sum())
+        .collect();
     let daemon_s: f64 = threads.iter().map(|t| t.cpu_s).sum();
-    rec.daemon_threads = pids.iter().map(|p| cpu::read_threads(*p).len()).sum();
+    rec.daemon_threads = pids.iter().map(|&(_, p)| cpu::read_threads(p).len()).sum();
     let thread_s = daemon_s + self_s;
     rec.cpu = CpuReport {
         cores: cpu::core_splits(&cores_before, &cores_after),

@@ -50,6 +50,7 @@ pub fn cpu_per_gb(r: &RunRecord) -> Option<f64> {
     let bytes = r.delivered_bytes();
     (bytes > 0 && r.cpu.daemon_s > 0.0).then(|| r.cpu.daemon_s / (bytes as f64 / 1e9))
 }
+/// The larger host's daemon memory (each host's processes summed: see `RunRecord`).
 pub fn peak_rss(r: &RunRecord) -> Option<f64> {
     r.peak_rss_kib.iter().max().map(|k| *k as f64)
 }

@@ -440,6 +440,9 @@ impl Generator {
         let n = sealed.per_peer.len();
         let mut report = SendReport::default();
         let burst_bytes = sealed.burst * sealed.outer_len;
+        // Unpaced, the phase still starts at t0: bytes sent before it would count in
+        // the goodput of a phase timed from t0.
+        std::thread::sleep(t0.saturating_duration_since(Instant::now()));
         for j in 0..sealed.bursts() {
             let (k, run) = (j % n, j / n);
             let peer = sealed.first_peer + k;
