@@ -194,6 +194,15 @@ fn star_50_light_peers_are_counted_and_timed_apart() {
         light.delay_p99_us.is_some() && rec.delay_p99_us.is_some(),
         "{rec:?}"
     );
+    // Timed from when each burst really left as well: never before it was scheduled
+    // to, so that delay is at most the one from the schedule.
+    for (from_schedule, from_send) in [
+        (rec.delay_p99_us, rec.gateway_delay_p99_us),
+        (light.delay_p99_us, light.gateway_delay_p99_us),
+    ] {
+        let from_send = from_send.expect("the gateway's share is measured");
+        assert!(from_send <= from_schedule.unwrap(), "{rec:?}");
+    }
 }
 
 /// The 50 peers spread over 3 tunnels of one wirelane process (dual-stack receive,

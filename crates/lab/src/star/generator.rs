@@ -16,6 +16,7 @@
 use super::emulated::{EmulatedPeer, Heard, Session};
 use super::inner::{self, Stamp};
 use super::readiness::{Readiness, MAX_EVENTS};
+use super::send_log::SendLog;
 use crate::hist::Histogram;
 use crate::workload::udp::SeqTracker;
 use crate::Result;
@@ -435,7 +436,14 @@ impl Generator {
 
     /// Sends `sealed` from phase start `t0`, burst by burst on its schedule (or as fast
     /// as the sockets take them), giving up at `limit` after `t0`.
-    pub fn send(&self, sealed: &Sealed, t0: Instant, limit: Duration) -> Result<SendReport> {
+    /// With `log`, each burst's departure is recorded there (`send_log`).
+    pub fn send(
+        &self,
+        sealed: &Sealed,
+        t0: Instant,
+        limit: Duration,
+        log: Option<&SendLog>,
+    ) -> Result<SendReport> {
         let cpu0 = thread_cpu_s();
         let n = sealed.per_peer.len();
         let mut report = SendReport::default();
@@ -457,6 +465,9 @@ impl Generator {
             }
             if t0.elapsed() > limit {
                 break;
+            }
+            if let Some(log) = log {
+                log.record(j, t0.elapsed().as_nanos() as u64);
             }
             let bytes = &sealed.per_peer[k][run * burst_bytes..(run + 1) * burst_bytes];
             let sock = &self.socks[peer];

@@ -18,6 +18,7 @@ pub mod inner;
 pub mod readiness;
 pub mod report;
 pub mod send_floor;
+pub mod send_log;
 pub mod sink;
 pub mod spec;
 pub mod storm;
@@ -30,6 +31,7 @@ use crate::Result;
 use emulated::EmulatedPeer;
 use gateway::{configure_gateway, GatewayCounters};
 use generator::{Generator, HandshakeReport, SealPlan};
+use send_log::SendLog;
 use serde::{Deserialize, Serialize};
 pub use spec::{Shape, StarSpec, Way, DEFAULT_SEALED_MAX_MIB, MAX_PHASE_S};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -114,6 +116,15 @@ pub struct StarRecord {
     pub delay_p50_us: Option<f64>,
     pub delay_p99_us: Option<f64>,
     pub delay_p999_us: Option<f64>,
+    /// One-way delay quantiles from when each packet's burst really left, µs: the
+    /// gateway's share of the delay above, without the generator's lateness
+    /// (`send_log`).
+    #[serde(default)]
+    pub gateway_delay_p50_us: Option<f64>,
+    #[serde(default)]
+    pub gateway_delay_p99_us: Option<f64>,
+    #[serde(default)]
+    pub gateway_delay_p999_us: Option<f64>,
     /// How late the generator sent, p99 µs (paced), and its CPU over the phase, cores.
     pub generator_late_p99_us: Option<f64>,
     pub generator_cores: f64,
@@ -158,6 +169,9 @@ pub struct LightReport {
     pub delay_p999_us: Option<f64>,
     /// How late their sender sent, p99 µs.
     pub late_p99_us: Option<f64>,
+    /// One-way delay p99 from when each packet really left, µs (`send_log`).
+    #[serde(default)]
+    pub gateway_delay_p99_us: Option<f64>,
 }
 
 /// p50, p99 and p99.9 of `h` in µs, if it holds anything.
@@ -296,22 +310,24 @@ fn measure(which: Impl, spec: &StarSpec, rec: &mut StarRecord) -> Result<()> {
     // error that returned early left them running into the next run.
     let _stop_on_return = StopOnDrop(stop.clone());
     let limit = Duration::from_secs_f64(spec.seconds) + Duration::from_secs(30);
+    let send_logs = Arc::new(send_log::SendLogs::default());
     let sink = (spec.way == Way::Rx).then(|| {
         let (ready_tx, ready_rx) = mpsc::channel();
-        let (t0, stop, n, paced, family, tuns) = (
+        let (t0, stop, n, paced, family, tuns, logs) = (
             t0.clone(),
             stop.clone(),
             spec.peers,
             spec.offered_pps.is_some(),
             spec.family,
             tuns.clone(),
+            send_logs.clone(),
         );
         let quiet = Duration::from_millis(300);
         let light_from = spec.heavy_peers();
         let h = crate::workload::in_ns(&gw.name, move || match blackhole {
             true => sink::count_blackholed(&tuns, stop, quiet, limit, ready_tx),
             false => sink::sink(
-                n, light_from, family, paced, t0, stop, quiet, limit, ready_tx,
+                n, light_from, family, paced, t0, logs, stop, quiet, limit, ready_tx,
             ),
         });
         (h, ready_rx)
@@ -328,6 +344,7 @@ fn measure(which: Impl, spec: &StarSpec, rec: &mut StarRecord) -> Result<()> {
     let (go_tx, go_rx) = mpsc::channel::<Option<Instant>>();
     let gen_spec = spec.clone();
     let gen_stop = stop.clone();
+    let logs = send_logs.clone();
     let generator = crate::workload::in_ns(&gen.name, move || -> Result<GeneratorOutcome> {
         let gateway = |i: usize| endpoint(i, gen_spec.tunnels);
         let source =
@@ -361,6 +378,14 @@ fn measure(which: Impl, spec: &StarSpec, rec: &mut StarRecord) -> Result<()> {
             let pps = gen_spec.light_pps() * gen_spec.light_peers as f64;
             g.seal(&plan(heavy..gen_spec.peers, light_per_peer, Some(pps), 1))
         });
+        for (log, s) in [(&logs.heavy, &sealed), (&logs.light, &light)] {
+            let planned = s
+                .as_ref()
+                .and_then(|s| SendLog::new(s.burst_interval_ns, s.bursts()));
+            if let Some(l) = planned {
+                let _ = log.set(l);
+            }
+        }
         let _ = ready_tx.send(hs);
         let Some(t0) = go_rx.recv().ok().flatten() else {
             return Ok(GeneratorOutcome::CalledOff);
@@ -384,12 +409,13 @@ fn measure(which: Impl, spec: &StarSpec, rec: &mut StarRecord) -> Result<()> {
                 }
                 let send_limit =
                     Duration::from_secs_f64(gen_spec.seconds) * 2 + Duration::from_secs(5);
+                let (heavy_log, light_log) = (logs.heavy.get(), logs.light.get());
                 let (heavy_sent, light_sent) = std::thread::scope(|scope| {
                     let light = light.as_ref().map(|l| {
                         let g = &g;
-                        scope.spawn(move || g.send(l, t0, send_limit))
+                        scope.spawn(move || g.send(l, t0, send_limit, light_log))
                     });
-                    let heavy_sent = g.send(&s, t0, send_limit);
+                    let heavy_sent = g.send(&s, t0, send_limit, heavy_log);
                     let light_sent = light.map(|h| h.join().map_err(|_| "light sender panicked"));
                     (heavy_sent, light_sent)
                 });
@@ -559,6 +585,11 @@ fn measure(which: Impl, spec: &StarSpec, rec: &mut StarRecord) -> Result<()> {
                 rec.tunnel_delivered = per_tunnel(&s.per_peer, tunnels);
             }
             [rec.delay_p50_us, rec.delay_p99_us, rec.delay_p999_us] = quantiles_us(&s.delay);
+            [
+                rec.gateway_delay_p50_us,
+                rec.gateway_delay_p99_us,
+                rec.gateway_delay_p999_us,
+            ] = quantiles_us(&s.gateway_delay);
             if let Some((l, _)) = &light {
                 let [p50, p99, p999] = quantiles_us(&s.light_delay);
                 rec.light = Some(LightReport {
@@ -568,6 +599,7 @@ fn measure(which: Impl, spec: &StarSpec, rec: &mut StarRecord) -> Result<()> {
                     delay_p99_us: p99,
                     delay_p999_us: p999,
                     late_p99_us: quantiles_us(&l.lateness)[1],
+                    gateway_delay_p99_us: quantiles_us(&s.light_gateway_delay)[1],
                 });
             }
             rec.generator_late_p99_us = quantiles_us(&sent.lateness)[1];

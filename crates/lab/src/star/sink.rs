@@ -14,6 +14,7 @@
 //!   rotating over the peers, for the gateway to seal and send on.
 
 use super::inner::{self, Family, Stamp, SINK_PORT};
+use super::send_log::SendLogs;
 use crate::hist::Histogram;
 use crate::workload::udp::SeqTracker;
 use crate::Result;
@@ -75,9 +76,12 @@ pub struct SinkReport {
     pub socket_drops: u64,
     /// One-way delay from the scheduled send time, ns (paced runs only).
     pub delay: Histogram,
-    /// The light peers' (from `light_from` on) unique packets and one-way delay.
+    /// One-way delay from when the packet's burst really left (`send_log`), ns.
+    pub gateway_delay: Histogram,
+    /// The light peers' (from `light_from` on) unique packets and one-way delays.
     pub light_unique: u64,
     pub light_delay: Histogram,
+    pub light_gateway_delay: Histogram,
     pub first: Option<Instant>,
     pub last: Option<Instant>,
 }
@@ -85,7 +89,8 @@ pub struct SinkReport {
 /// Runs the sink on the calling thread (inside the gateway's namespace) for `peers`
 /// peers: announces itself ready on `ready`, then receives until `stop` is set and
 /// nothing came for `quiet`, or `limit`. Delays are measured once `t0` (the phase
-/// start) is set, when `paced`; the light peers' (`light_from..peers`) apart.
+/// start) is set, when `paced`, from each packet's scheduled time and from when its
+/// burst left by `sent`; the light peers' (`light_from..peers`) apart.
 #[allow(clippy::too_many_arguments)]
 pub fn sink(
     peers: usize,
@@ -93,6 +98,7 @@ pub fn sink(
     family: Family,
     paced: bool,
     t0: Arc<OnceLock<Instant>>,
+    sent: Arc<SendLogs>,
     stop: Arc<AtomicBool>,
     quiet: Duration,
     limit: Duration,
@@ -157,11 +163,23 @@ pub fn sink(
                     }
                     trackers[stamp.peer as usize].record(stamp.seq);
                     if let Some(t0) = start {
-                        let due = t0 + Duration::from_nanos(stamp.scheduled_ns);
-                        let delay = arrived.saturating_duration_since(due).as_nanos() as u64;
-                        match stamp.peer as usize >= light_from {
+                        let light = stamp.peer as usize >= light_from;
+                        let since = |ns: u64| {
+                            let from = t0 + Duration::from_nanos(ns);
+                            arrived.saturating_duration_since(from).as_nanos() as u64
+                        };
+                        let delay = since(stamp.scheduled_ns);
+                        let log = if light { &sent.light } else { &sent.heavy };
+                        let left = log.get().and_then(|l| l.sent_ns(stamp.scheduled_ns));
+                        match light {
                             true => r.light_delay.record(delay),
                             false => r.delay.record(delay),
+                        }
+                        if let Some(left) = left {
+                            match light {
+                                true => r.light_gateway_delay.record(since(left)),
+                                false => r.gateway_delay.record(since(left)),
+                            }
                         }
                     }
                 }

@@ -92,9 +92,13 @@ pub fn table(records: &[StarRecord], cpu: &str) -> String {
             fmt(lost, 2),
             wrong,
             fmt(m(&|r| r.delay_p99_us.map(|d| d / 1e3)), 2),
+            fmt(m(&|r| r.gateway_delay_p99_us.map(|d| d / 1e3)), 2),
             fmt(m(&|r| r.generator_late_p99_us.map(|d| d / 1e3)), 2),
             fmt(m(&|r| daemon_sojourn_ms(r)), 2),
-            fmt(m(&|r| r.light.as_ref()?.delay_p99_us.map(|d| d / 1e3)), 2),
+            fmt(
+                m(&|r| r.light.as_ref()?.gateway_delay_p99_us.map(|d| d / 1e3)),
+                2,
+            ),
             fmt(
                 m(&|r| r.light.as_ref().and_then(|l| lost_pct(l.sent, l.delivered))),
                 2,
@@ -117,9 +121,9 @@ pub fn table(records: &[StarRecord], cpu: &str) -> String {
              the median of each run's CPU per GB over the floor measured beside it. With \
              light peers, \
              \"delay\" is the heavy peers'. \"delay\" runs from each packet's scheduled \
-             send time, so it includes the generator's own lateness, shown beside it \
-             (\"generator late\"): where that is a large part of the delay, the delay \
-             is the generator's, not the gateway's. \"daemon sojourn\" is the mean time a packet \
+             send time, so it includes the generator's own lateness (\"generator \
+             late\"); \"gateway delay\" runs from when the packet's burst really left, \
+             and is the gateway's share. \"daemon sojourn\" is the mean time a packet \
              spent in the daemon, by its own counters (wirelane): receive from the \
              kernel's arrival stamp on the datagram to the TUN write, transmit from the \
              TUN read to the send. \"RSS growth\" (phases of 2 minutes or more): \
@@ -139,9 +143,10 @@ pub fn table(records: &[StarRecord], cpu: &str) -> String {
             "lost %",
             "wrong",
             "delay p99 ms",
+            "gateway delay p99 ms",
             "generator late p99 ms",
             "daemon sojourn ms",
-            "light peers: delay p99 ms",
+            "light peers: gateway delay p99 ms",
             "light peers: lost %",
             "peak RSS MiB",
             "RSS growth MiB",
