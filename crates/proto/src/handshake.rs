@@ -405,36 +405,83 @@ impl Handshake {
         local: &LocalIdentity,
         msg: &Response,
     ) -> Result<SessionKeys, HandshakeError> {
+        let keys = self.response_work(msg)?.compute(local, msg)?;
+        self.finish_response(&keys)?;
+        Ok(keys)
+    }
+
+    /// What `msg` needs from the initiation in flight, copied out: the first of the
+    /// three steps [`Handshake::consume_response`] takes, for a caller that runs the
+    /// second ([`ResponseWork::compute`], two Diffie-Hellman operations) without the
+    /// lock it keeps this state under, as the kernel's `consume_response` does. A
+    /// forged response then costs the lock a copy, not the two operations.
+    pub fn response_work(&self, msg: &Response) -> Result<ResponseWork, HandshakeError> {
         let State::InitiationSent(in_flight) = &self.state else {
             return Err(HandshakeError::UnexpectedResponse);
         };
-        let InFlight {
-            sym,
-            ephemeral,
-            local_index,
-        } = &**in_flight;
-        if msg.receiver != *local_index {
+        if msg.receiver != in_flight.local_index {
             return Err(HandshakeError::UnexpectedResponse);
         }
-        let mut sym = sym.clone();
+        Ok(ResponseWork {
+            sym: in_flight.sym.clone(),
+            ephemeral: in_flight.ephemeral.clone(),
+            local_index: in_flight.local_index,
+            psk: self.psk,
+        })
+    }
+
+    /// The third step: takes the keys computed from a [`ResponseWork`] if the
+    /// initiation they answer is still the one in flight (another may have replaced it,
+    /// or a response to it been taken, while they were computed).
+    pub fn finish_response(&mut self, keys: &SessionKeys) -> Result<(), HandshakeError> {
+        if self.pending_index() != Some(keys.local_index) {
+            return Err(HandshakeError::UnexpectedResponse);
+        }
+        self.state = State::Idle;
+        Ok(())
+    }
+}
+
+/// A response's work, copied from the initiation in flight ([`Handshake::response_work`]).
+pub struct ResponseWork {
+    sym: Symmetric,
+    ephemeral: StaticSecret,
+    local_index: u32,
+    psk: [u8; 32],
+}
+
+impl Drop for ResponseWork {
+    fn drop(&mut self) {
+        self.psk.zeroize();
+    }
+}
+
+impl ResponseWork {
+    /// The second step: the two Diffie-Hellman operations and the decryption that
+    /// authenticates `msg`; the session's keys.
+    pub fn compute(
+        &self,
+        local: &LocalIdentity,
+        msg: &Response,
+    ) -> Result<SessionKeys, HandshakeError> {
+        let mut sym = self.sym.clone();
         sym.mix_key(&msg.ephemeral);
         sym.mix_hash(&msg.ephemeral);
-        let ee = crypto::dh(ephemeral, &msg.ephemeral).ok_or(HandshakeError::LowOrderPoint)?;
+        let ee =
+            crypto::dh(&self.ephemeral, &msg.ephemeral).ok_or(HandshakeError::LowOrderPoint)?;
         sym.mix_key(&ee);
         let se = crypto::dh(&local.secret, &msg.ephemeral).ok_or(HandshakeError::LowOrderPoint)?;
         sym.mix_key(&se);
         let k = sym.mix_key_and_hash(&self.psk);
         sym.decrypt_and_hash(&k, &msg.encrypted_nothing)?;
         let (i_to_r, r_to_i) = sym.split();
-        let keys = SessionKeys {
+        Ok(SessionKeys {
             send: i_to_r,
             recv: r_to_i,
-            local_index: *local_index,
+            local_index: self.local_index,
             remote_index: msg.sender,
             is_initiator: true,
-        };
-        self.state = State::Idle;
-        Ok(keys)
+        })
     }
 }
 

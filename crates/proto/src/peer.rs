@@ -14,7 +14,9 @@
 //! `Ctx::indices` the moment it is dropped here.
 
 use crate::cookie::{CookieError, CookieGenerator};
-use crate::handshake::{Handshake, HandshakeError, InitiationPhase1, LocalIdentity};
+use crate::handshake::{
+    Handshake, HandshakeError, InitiationPhase1, LocalIdentity, ResponseWork, SessionKeys,
+};
 use crate::keypair::{Keypair, REJECT_AFTER_TIME};
 use crate::messages::{CookieReply, Response, INITIATION_LEN};
 use crate::timers::*;
@@ -313,7 +315,27 @@ impl PeerState {
         out: &mut Vec<Output>,
     ) -> Result<(), HandshakeError> {
         let local = ctx.local.ok_or(HandshakeError::NoPrivateKey)?;
-        let keys = self.handshake.consume_response(local, msg)?;
+        let keys = self.response_work(msg)?.compute(local, msg)?;
+        self.complete_response(ctx, keys, src, out)
+    }
+
+    /// A response's work, copied out of the initiation in flight, to be computed
+    /// without this state's lock (see [`crate::handshake::Handshake::response_work`])
+    /// and handed to [`PeerState::complete_response`].
+    pub fn response_work(&self, msg: &Response) -> Result<ResponseWork, HandshakeError> {
+        self.handshake.response_work(msg)
+    }
+
+    /// Takes the keys a response yielded, if the initiation it answers is still the
+    /// one in flight, as [`PeerState::consume_response`] would have.
+    pub fn complete_response(
+        &mut self,
+        ctx: &mut Ctx,
+        keys: SessionKeys,
+        src: SocketAddr,
+        out: &mut Vec<Output>,
+    ) -> Result<(), HandshakeError> {
+        self.handshake.finish_response(&keys)?;
         self.endpoint = Some(src);
         self.any_authenticated_received();
         self.any_authenticated_traversal(ctx.now);

@@ -232,7 +232,9 @@ impl rand_core::RngCore for FixedSeed {
 /// the vector pins the production path, not only its own re-implementation.
 #[test]
 fn the_production_handshake_matches_the_noise_vector() {
-    use crate::handshake::{consume_initiation_phase1, tai64n, Handshake, IDENTIFIER};
+    use crate::handshake::{
+        consume_initiation_phase1, tai64n, Handshake, HandshakeError, IDENTIFIER,
+    };
     use crate::LocalIdentity;
     let v = blocks(include_str!("../tests/vectors/noise_ikpsk2.txt"));
     let b = &v[0];
@@ -279,7 +281,25 @@ fn the_production_handshake_matches_the_noise_vector() {
     answered.extend(resp.encrypted_nothing);
     assert_eq!(answered, reference.msg1, "the response");
 
-    let init_keys = initiator.consume_response(&me, &resp).unwrap();
+    // In the three steps a daemon takes to keep its lock free of the Diffie-Hellman
+    // operations: copied out, computed, then taken only while the initiation they
+    // answer is still in flight.
+    let work = initiator.response_work(&resp).unwrap();
+    let init_keys = work.compute(&me, &resp).unwrap();
+    initiator.finish_response(&init_keys).unwrap();
+    assert_eq!(
+        initiator.finish_response(&init_keys),
+        Err(HandshakeError::UnexpectedResponse),
+        "taken once"
+    );
+    initiator
+        .create_initiation(&me, 3, wall, &mut FixedSeed([5; 32]))
+        .unwrap();
+    assert_eq!(
+        initiator.finish_response(&init_keys),
+        Err(HandshakeError::UnexpectedResponse),
+        "a newer initiation is in flight"
+    );
     assert_eq!(init_keys.send, reference.initiator_send);
     assert_eq!(init_keys.recv, reference.initiator_recv);
     assert_eq!(

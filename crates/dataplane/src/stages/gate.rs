@@ -69,7 +69,11 @@ pub fn admit(
     let verdict = {
         let mut gate = dev.gate();
         // No private key yet: nothing could answer the message.
-        let Some(gate) = gate.as_mut() else { return };
+        let Some(gate) = gate.as_mut() else {
+            let s = &dev.stats.handshake_no_identity;
+            s.fetch_add(1, Ordering::Relaxed);
+            return;
+        };
         super::protocol::with_step_rng(|rng| {
             gate.admit(bytes, sender, &src, under_load, dev.now(), rng)
         })

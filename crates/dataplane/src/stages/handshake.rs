@@ -12,6 +12,7 @@ use super::StageCtx;
 use crate::interface::HandshakeJob;
 use std::sync::atomic::Ordering;
 use wirelane_proto::handshake::consume_initiation_phase1;
+use wirelane_proto::handshake::HandshakeError;
 use wirelane_proto::messages::{CookieReply, Initiation, Kind, Response};
 
 enum Message {
@@ -22,6 +23,10 @@ enum Message {
 pub fn process(c: StageCtx<'_>, job: HandshakeJob) {
     let dev = c.iface;
     let Some(identity) = dev.identity() else {
+        // The key was removed after the gate let the message through.
+        dev.stats
+            .handshake_no_identity
+            .fetch_add(1, Ordering::Relaxed);
         return;
     };
     let msg = match job.kind {
@@ -42,9 +47,6 @@ pub fn process(c: StageCtx<'_>, job: HandshakeJob) {
                 dev.stats.handshake_failed.fetch_add(1, Ordering::Relaxed);
                 return;
             };
-            dev.stats.handshake_dh.fetch_add(3, Ordering::Relaxed);
-            peer.rx_bytes
-                .fetch_add(job.bytes.len() as u64, Ordering::Relaxed);
             let r = step(c, &peer, |state, ctx, out| {
                 let r = state.consume_initiation(ctx, phase1, job.src, out);
                 // Before the response leaves (after this closure): it must leave from
@@ -61,17 +63,34 @@ pub fn process(c: StageCtx<'_>, job: HandshakeJob) {
                 dev.stats.handshake_failed.fetch_add(1, Ordering::Relaxed);
                 return;
             };
-            dev.stats.handshake_dh.fetch_add(2, Ordering::Relaxed);
-            peer.rx_bytes
-                .fetch_add(job.bytes.len() as u64, Ordering::Relaxed);
-            let r = step(c, &peer, |state, ctx, out| {
-                state.consume_response(ctx, &msg, job.src, out)
+            // In three steps, as the kernel's `consume_response` takes them: copied out
+            // under the peer's state lock, computed without it, taken under it again.
+            // A forged response (it needs only our public key and the index of the
+            // initiation in flight, seen on the wire) would otherwise hold the lock the
+            // data path takes for every run of the peer's packets for two
+            // Diffie-Hellman operations each time.
+            let keys = (peer.state().response_work(&msg)).and_then(|w| w.compute(&identity, &msg));
+            let r = keys.and_then(|keys| {
+                step(c, &peer, |state, ctx, out| {
+                    // The key the response was computed with is still ours.
+                    if ctx.local.map(|l| l.public) != Some(identity.public) {
+                        return Err(HandshakeError::NoPrivateKey);
+                    }
+                    state.complete_response(ctx, keys, job.src, out)
+                })
             });
             (peer, r)
         }
     };
+    let dh = diffie_hellmans_after_the_first(job.kind, &result);
+    dev.stats.handshake_dh.fetch_add(dh, Ordering::Relaxed);
     match result {
         Ok(()) => {
+            // Only an authenticated message counts as received from the peer, as in
+            // the kernel: a replayed initiation or a forged response adds nothing to
+            // what `wg show` reports.
+            peer.rx_bytes
+                .fetch_add(job.bytes.len() as u64, Ordering::Relaxed);
             // An authenticated message moves the endpoint, and with it the source.
             peer.learn_source(job.src, job.local);
             dev.stats
@@ -85,11 +104,28 @@ pub fn process(c: StageCtx<'_>, job: HandshakeJob) {
     }
 }
 
+/// The Diffie-Hellman operations a message's step ran, besides an initiation's first
+/// (counted before the peer is known): an initiation's static-static one, then its
+/// response's two once the timestamp passed; a response's two once its index matched
+/// the initiation in flight.
+fn diffie_hellmans_after_the_first(kind: Kind, result: &Result<(), HandshakeError>) -> u64 {
+    match (kind, result) {
+        (_, Err(HandshakeError::NoPrivateKey)) => 0,
+        (Kind::Initiation, Ok(())) => 3,
+        (Kind::Initiation, Err(_)) => 1,
+        (_, Err(HandshakeError::UnexpectedResponse)) => 0,
+        _ => 2,
+    }
+}
+
 fn consume_cookie_reply(c: StageCtx<'_>, job: &HandshakeJob) {
     let Ok(reply) = CookieReply::parse(&job.bytes) else {
         return;
     };
     let Some(peer) = c.iface.peer_by_index(reply.receiver) else {
+        // Retired between the gate and here.
+        let s = &c.iface.stats.handshake_failed;
+        s.fetch_add(1, Ordering::Relaxed);
         return;
     };
     // A cookie reply is not authenticated by a session: it never moves the endpoint.
@@ -105,5 +141,81 @@ fn consume_cookie_reply(c: StageCtx<'_>, job: &HandshakeJob) {
             .cookie_replies_refused
             .fetch_add(1, Ordering::Relaxed);
         tracing::debug!(src = %job.src, error = %e, "cookie reply rejected");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{apply, DeviceUpdate, PeerUpdate};
+    use crate::fq_codel::QueuePolicy;
+    use crate::interface::Interface;
+    use crate::memory::MemoryTun;
+    use crate::sched::{Crypt, Scheduler, Serial};
+    use crate::sockets::Sockets;
+    use std::sync::Arc;
+    use wirelane_proto::handshake::Handshake;
+    use wirelane_proto::LocalIdentity;
+
+    struct Idle;
+
+    impl Scheduler for Idle {
+        fn submit_crypt(&self, _: Crypt<'_>) {}
+        fn schedule_serial(&self, _: Serial<'_>) {}
+        fn submit_handshake(&self, _: &Arc<Interface>) {}
+    }
+
+    /// A replayed initiation (from any source) is refused after its first
+    /// Diffie-Hellman and its timestamp, and adds nothing to what the peer is shown to
+    /// have sent: only an authenticated message counts as received, as in the kernel.
+    #[test]
+    fn a_replayed_initiation_counts_no_bytes_and_one_dh() {
+        let tun = MemoryTun::new("wl-hs", |_| {}, None).unwrap();
+        let iface = Interface::new(
+            Box::new(tun),
+            Sockets::bind(0, 0).unwrap(),
+            QueuePolicy::default(),
+        )
+        .unwrap();
+        let c = StageCtx {
+            iface: &iface,
+            sched: &Idle,
+        };
+        let (gateway, client) = (LocalIdentity::new([1; 32]), LocalIdentity::new([2; 32]));
+        let update = DeviceUpdate {
+            private_key: Some([1; 32]),
+            peers: vec![PeerUpdate {
+                endpoint: Some("127.0.0.1:9".parse().unwrap()),
+                ..PeerUpdate::new(client.public)
+            }],
+            ..DeviceUpdate::default()
+        };
+        apply(c, &update).unwrap();
+        let mut hs = Handshake::new(gateway.public, [0; 32]);
+        let wall = std::time::Duration::from_secs(1_700_000_000);
+        let (msg, _) = crate::stages::protocol::with_step_rng(|rng| {
+            hs.create_initiation(&client, 7, wall, rng)
+        })
+        .unwrap();
+        let job = || HandshakeJob {
+            kind: Kind::Initiation,
+            bytes: msg.to_bytes().to_vec(),
+            src: "127.0.0.1:9".parse().unwrap(),
+            local: None,
+            queued_ns: 0,
+        };
+        process(c, job());
+        let peer = iface.table().by_key[&client.public].clone();
+        let dh = || iface.stats.total(|s| &s.handshake_dh);
+        assert_eq!(peer.rx_bytes.load(Ordering::Relaxed), 148);
+        assert_eq!(dh(), 4, "es, ss, ee, se");
+        process(c, job());
+        assert_eq!(
+            peer.rx_bytes.load(Ordering::Relaxed),
+            148,
+            "the replay adds nothing"
+        );
+        assert_eq!(dh(), 6, "es and ss, then the timestamp refused it");
+        assert_eq!(iface.stats.total(|s| &s.handshake_failed), 1);
     }
 }
