@@ -214,16 +214,14 @@ fn device(f: &mut Families, d: &Device, rt: &Runtime) {
         &on,
         snap.peers.len() as f64,
     );
-    let sockets = iface.sockets();
     for role in SocketRole::ALL {
         f.counter(
             "wirelane_socket_kernel_drops_total",
             "Datagrams the kernel dropped at the tunnel's UDP sockets (full receive buffers).",
             &[on[0], ("socket", role.name())],
-            sockets.kernel_drops(role) as f64,
+            iface.kernel_drops(role) as f64,
         );
     }
-    drop(sockets);
     let queue_help = "Items waiting now: handshake messages, and the interface's work in the \
                       execution model's queue.";
     f.gauge(

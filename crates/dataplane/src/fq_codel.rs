@@ -152,10 +152,11 @@ struct Table<T> {
     new_flows: VecDeque<u8>,
     old_flows: VecDeque<u8>,
     packets: usize,
-    /// The largest packet queued since the table was made: a bucket holding no more
-    /// than one such packet is no standing queue (RFC 8289's maxpacket, which the
-    /// kernel's fq_codel also learns from the packets it sees, so a jumbo-frame tunnel
-    /// is judged by its own packet size).
+    /// The largest of the device's MTU (`note_mtu`) and the packets queued since the
+    /// table was made: a bucket holding no more than one such packet is no standing
+    /// queue (RFC 8289's maxpacket; the kernel's CoDel compares with the device's MTU).
+    /// The packets count too, so a segment larger than the MTU (a jumbo frame seen
+    /// before the MTU change arrived) is no standing queue alone either.
     max_packet: usize,
 }
 
@@ -233,6 +234,13 @@ impl<T: Queued> FlowQueues<T> {
             f.listed = true;
             f.deficit = QUANTUM;
             t.new_flows.push_back(i as u8);
+        }
+    }
+
+    /// Tells the queues the device's MTU, the least that counts as one full packet.
+    pub fn note_mtu(&mut self, mtu: usize) {
+        if let Some(t) = self.table.as_mut() {
+            t.max_packet = t.max_packet.max(mtu);
         }
     }
 

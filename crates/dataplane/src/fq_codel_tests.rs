@@ -111,9 +111,9 @@ fn codel_drops_after_an_interval_above_target_then_faster() {
     }
 }
 
-/// RFC 8289's maxpacket follows the packets queued: with 9,000-byte packets (a
-/// jumbo-frame tunnel), a bucket holding one behind its head is no standing queue,
-/// however old its head; with two behind it, it is.
+/// RFC 8289's maxpacket is at least a packet as large as any queued: with 9,000-byte
+/// packets (a jumbo-frame tunnel), a bucket holding one behind its head is no standing
+/// queue, however old its head; with two behind it, it is.
 #[test]
 fn a_queue_of_one_large_packet_is_no_standing_queue() {
     for (behind, drops) in [(1, false), (2, true)] {
@@ -136,6 +136,30 @@ fn a_queue_of_one_large_packet_is_no_standing_queue() {
         }
         assert_eq!(v.dropped > 0, drops, "{behind} behind: {v:?}");
     }
+}
+
+/// And at least the device's MTU: a peer sending only small packets (a download's
+/// acknowledgements) with two of them behind an old head has no standing queue.
+#[test]
+fn a_queue_below_one_mtu_is_no_standing_queue() {
+    let mut q = FlowQueues::default();
+    let params = CodelParams::RFC;
+    let mut v = Verdicts::default();
+    let ack = |seq| P {
+        bytes: 52,
+        ..p(1, seq, false)
+    };
+    for seq in 0..3 {
+        q.enqueue(1, ack(seq), 0);
+    }
+    let mut now = 0;
+    for seq in 3..303 {
+        q.enqueue(1, ack(seq), now);
+        q.note_mtu(1420);
+        now += MS;
+        let _ = q.dequeue(&params, now + 8 * MS, &mut v);
+    }
+    assert_eq!(v.dropped, 0, "{v:?}");
 }
 
 #[test]

@@ -136,6 +136,10 @@ pub struct Interface {
     pub netwatch: NetWatch,
     /// Limits the ICMP errors written back for packets no peer routes.
     pub(crate) icmp_limit: crate::icmp::RateLimit,
+    /// Kernel drops at sockets this interface no longer uses, per `SocketRole::ALL`.
+    retired_kernel_drops: [AtomicU64; 3],
+    /// Recent verdicts of the routing-loop filter (`stages::route`).
+    pub(crate) outer_verdicts: crate::stages::route::OuterVerdicts,
     pub stats: Stats,
     stopping: AtomicBool,
     /// Readable once the interface stops: whoever serves it (the daemon's supervisor)
@@ -221,6 +225,8 @@ impl Interface {
             timers: TimerQueue::default(),
             netwatch,
             icmp_limit: Default::default(),
+            retired_kernel_drops: Default::default(),
+            outer_verdicts: Default::default(),
             stats: Stats::default(),
             stopping: AtomicBool::new(false),
             waker: Waker::new()?,
@@ -335,10 +341,25 @@ impl Interface {
 
     pub(crate) fn replace_sockets(&self, s: Sockets) {
         let old = self.sockets.swap(Arc::new(s));
+        // What the kernel dropped at the old sockets stays counted: the counters built
+        // on it must never go down (Prometheus would read a reset).
+        for (i, role) in crate::sockets::SocketRole::ALL.into_iter().enumerate() {
+            self.retired_kernel_drops[i].fetch_add(old.kernel_drops(role), Ordering::Relaxed);
+        }
         // After the swap: a woken reader must find the successors.
         if let Some(w) = &old.retired {
             w.wake();
         }
+    }
+
+    /// Datagrams the kernel dropped at this role's sockets, these and every earlier
+    /// set's (a new listen port binds new ones): a counter that never goes down.
+    pub fn kernel_drops(&self, role: crate::sockets::SocketRole) -> u64 {
+        let i = crate::sockets::SocketRole::ALL
+            .iter()
+            .position(|r| *r == role)
+            .unwrap_or(0);
+        self.retired_kernel_drops[i].load(Ordering::Relaxed) + self.sockets().kernel_drops(role)
     }
 
     pub(crate) fn gate(&self) -> MutexGuard<'_, Option<Gate>> {

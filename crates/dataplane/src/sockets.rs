@@ -264,6 +264,34 @@ mod tests {
         assert!(!Arc::ptr_eq(chosen, s.for_destination(&to).unwrap()) || s.hs4.is_none());
     }
 
+    /// Drops the kernel counted at sockets that a new port replaced stay counted, so
+    /// the counter never goes down.
+    #[test]
+    fn kernel_drops_survive_a_rebind() {
+        let tun = MemoryTun::new("wl-test", |_| {}, None).unwrap();
+        let iface = Interface::new(
+            Box::new(tun),
+            Sockets::bind(0, 0).unwrap(),
+            QueuePolicy::default(),
+        )
+        .unwrap();
+        let to = SocketAddr::from(([127, 0, 0, 1], iface.sockets().port));
+        let sender = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        // Data messages (type 4) nobody reads, until the receive buffer overflows.
+        let mut message = [0u8; 1400];
+        message[0] = 4;
+        for _ in 0..100_000 {
+            let _ = sender.send_to(&message, to);
+            if iface.kernel_drops(SocketRole::Data) > 0 {
+                break;
+            }
+        }
+        let before = iface.kernel_drops(SocketRole::Data);
+        assert!(before > 0, "the kernel dropped nothing");
+        iface.replace_sockets(Sockets::bind(0, 0).unwrap());
+        assert!(iface.kernel_drops(SocketRole::Data) >= before);
+    }
+
     #[test]
     fn replaced_sockets_wake_their_readers() {
         let tun = MemoryTun::new("wl-test", |_| {}, None).unwrap();

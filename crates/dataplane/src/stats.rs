@@ -195,8 +195,12 @@ counters! {
     /// awaited none or had one queued already (`cookie_slot`), or on the handshake
     /// thread because it failed to open (forged, or not for our last message).
     cookie_replies_refused,
-    /// Handshake messages that authenticated with mac1 but failed later.
+    /// Handshake messages that authenticated with mac1 but failed later, and cookie
+    /// replies for an index retired before they were handled.
     handshake_failed,
+    /// Handshake messages that arrived while the interface had no private key (nothing
+    /// could answer them), or whose key was removed before they were handled.
+    handshake_no_identity,
     /// Handshakes completed here: initiations answered with a response, and responses
     /// consumed (each derives a new keypair; a rekey counts once per side).
     handshakes_completed,
@@ -266,6 +270,7 @@ pub const DROP_REASONS: &[&str] = &[
     "handshake_invalid_mac1",
     "handshake_rate_limited",
     "handshake_failed",
+    "handshake_no_identity",
     "cookie_replies_unsent",
     "cookie_replies_refused",
     "crypt_panic_dropped",
@@ -276,8 +281,11 @@ pub const DROP_REASONS: &[&str] = &[
 /// Buckets of [`Counters::serial_packets_hist`]: 0, 1, 2–3, … 512–1023, 1024 and more.
 pub const SERIAL_HIST_BUCKETS: usize = 12;
 
-/// Buckets of [`Counters::rx_sojourn_hist`]: under 1 µs, 1 µs, 2–3 µs, … 16.4 ms and more.
-pub const SOJOURN_HIST_BUCKETS: usize = 16;
+/// Buckets of [`Counters::rx_sojourn_hist`]: under 1 µs, 1 µs, 2–3 µs, … 1.05 s and more.
+/// Up to a second, not a few milliseconds: a standing queue under overload (the FIFO
+/// discipline, a slow host) must land in a bucket of its own, or a quantile of it reads
+/// as the highest bound below it.
+pub const SOJOURN_HIST_BUCKETS: usize = 22;
 
 /// The bucket of a sojourn of `ns` nanoseconds in [`Counters::rx_sojourn_hist`].
 pub fn sojourn_bucket(ns: u64) -> usize {
@@ -494,6 +502,21 @@ mod tests {
         for reason in DROP_REASONS {
             assert!(fields.iter().any(|(f, _)| f == reason), "{reason}");
         }
+    }
+
+    /// A 100 ms and a 900 ms sojourn land in finite buckets of their own (a standing
+    /// queue under overload is measured, not read as the bound below it); past about a
+    /// second, the last bucket.
+    #[test]
+    fn sojourns_up_to_a_second_have_buckets_of_their_own() {
+        let last = SOJOURN_HIST_BUCKETS - 1;
+        let (b100, b900) = (sojourn_bucket(100_000_000), sojourn_bucket(900_000_000));
+        assert!(b100 < b900 && b900 < last, "{b100} {b900}");
+        assert!(
+            hist_lower_bound(b900 + 1) > 900_000,
+            "bucket {b900} holds 900 ms"
+        );
+        assert_eq!(sojourn_bucket(2_000_000_000), last);
     }
 
     #[test]

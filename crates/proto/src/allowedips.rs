@@ -426,7 +426,15 @@ impl<T: Copy + Eq + Hash> AllowedIps<T> {
         }
         match prev {
             None => self.len += 1,
-            Some(p) if p == value => return prev,
+            Some(p) if p == value => {
+                // Named again by its owner: it goes last in the owner's list, as the
+                // kernel's `list_move_tail` and wireguard-go move it.
+                if let Some(owned) = self.owned.get_mut(&value) {
+                    owned.remove(&prefix);
+                    owned.push(prefix);
+                }
+                return prev;
+            }
             Some(p) => self.unlist(prefix, p),
         }
         self.owned.entry(value).or_default().push(prefix);

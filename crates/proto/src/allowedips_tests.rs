@@ -204,7 +204,8 @@ fn an_owner_with_many_prefixes_loses_them_in_any_order() {
 
 /// An owner's prefixes keep the order they were added in when some are taken away or
 /// moved to another owner, short list or long (indexed, compacted once half is gone),
-/// as `wg show` lists them from the kernel and wireguard-go.
+/// and one added again goes last, as `wg show` lists them from the kernel and
+/// wireguard-go.
 #[test]
 fn an_owners_prefixes_keep_their_order() {
     for n in [5u32, 100] {
@@ -227,6 +228,11 @@ fn an_owners_prefixes_keep_their_order() {
             assert_eq!(t.owned_by(1).collect::<Vec<_>>(), want, "n={n} after {k}");
             assert_eq!(t.owned_count(1), want.len());
         }
+        // One named again by its owner goes last, as in the kernel.
+        let again = want.remove(0);
+        t.insert(again, 1);
+        want.push(again);
+        assert_eq!(t.owned_by(1).collect::<Vec<_>>(), want, "n={n} re-added");
         // Past the compaction too: all but the last two.
         let last = want.split_off(want.len() - 2);
         for q in &want {

@@ -99,6 +99,7 @@ pub fn enqueue(c: StageCtx<'_>, peer: &Arc<Peer>, packets: Vec<Packet>, now: u64
             }
             q.enqueue(flow_hash(p.plaintext()), p, now);
         }
+        q.note_mtu(c.iface.mtu());
     }
     if overflow > 0 {
         c.iface

@@ -3,7 +3,8 @@
 //! batches with consecutive counters under the current keypair, each entered into the
 //! peer's ordered TX queue and then handed to the scheduler as crypt work, in that same
 //! order; or, without a usable session, the packets are staged and a handshake is
-//! started.
+//! started; or, for a peer with no endpoint to send to, each packet is answered with an
+//! ICMP "host unreachable" and dropped, as by the kernel.
 //!
 //! Ordering: counters are reserved and the batch is queued while the peer's state lock
 //! is held, so queue order equals counter order even with several TUN readers; staged
@@ -107,7 +108,8 @@ pub enum Budget {
 
 /// Gives `packets` consecutive counters and queues them as batches of at most
 /// [`MAX_BATCH`], each entered into the peer's ordered queue and then handed to the
-/// scheduler; without a usable session they are staged and a handshake is begun.
+/// scheduler; without a usable session they are staged and a handshake is begun; a
+/// peer without an endpoint has them answered "unreachable".
 pub fn assign_and_enqueue(c: StageCtx<'_>, peer: &Arc<Peer>, packets: Vec<Packet>, budget: Budget) {
     let mut packets = packets;
     while !packets.is_empty() {

@@ -12,9 +12,10 @@ use crate::inner;
 use crate::interface::{Interface, PeerTable};
 use crate::packet::Packet;
 use crate::peer::Peer;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 /// Writes an ICMP error about `packet` back into the TUN, within the rate limit: for a
 /// packet no peer routes, and one for a peer without an endpoint (`nonce`).
@@ -56,9 +57,10 @@ pub(crate) fn answer_unreachable(dev: &Interface, packet: &[u8]) {
 /// this cannot see is a loop through a second tunnel (ours inside theirs inside ours):
 /// that is bounded only by packets outgrowing the largest datagram.
 ///
-/// Cost: a port comparison per packet; the endpoint scan (each peer's state locked, in
-/// the table-then-peer order every path takes) only for packets from our port and a
-/// host address, which outside a loop are rare.
+/// Cost: a port comparison per packet. Which destinations are endpoints is found by a
+/// scan of the peers (each one's state locked, in the table-then-peer order every path
+/// takes), and kept for a second per destination (`OuterVerdicts`): a masqueraded flow
+/// or a loop pays one scan a second, not one per packet.
 fn is_own_outer(dev: &Interface, table: &PeerTable, packet: &[u8], port: u16) -> bool {
     let (src, dst, ports) = match packet.first().map(|b| b >> 4) {
         Some(4) if packet.len() >= 20 && packet[9] == 17 => {
@@ -79,14 +81,50 @@ fn is_own_outer(dev: &Interface, table: &PeerTable, packet: &[u8], port: u16) ->
         _ => return false,
     };
     let sport = u16::from_be_bytes([ports[0], ports[1]]);
-    let dport = u16::from_be_bytes([ports[2], ports[3]]);
-    sport == port
-        && dev.netwatch.tun_beside_sockets()
-        && dev.netwatch.is_host_address(&src) == Some(true)
-        && table.by_id.values().any(|p| {
-            let endpoint = p.state().endpoint();
-            endpoint.is_some_and(|e| e.ip() == dst && e.port() == dport)
+    if sport != port
+        || !dev.netwatch.tun_beside_sockets()
+        || dev.netwatch.is_host_address(&src) != Some(true)
+    {
+        return false;
+    }
+    let to = SocketAddr::new(dst, u16::from_be_bytes([ports[2], ports[3]]));
+    let now = dev.now();
+    if let Some(verdict) = dev.outer_verdicts.get(to, now) {
+        return verdict;
+    }
+    // An endpoint given as an IPv4-mapped address is sent to over IPv4.
+    let verdict = table.by_id.values().any(|p| {
+        let endpoint = p.state().endpoint();
+        endpoint.is_some_and(|e| e.ip().to_canonical() == dst && e.port() == to.port())
+    });
+    dev.outer_verdicts.put(to, verdict, now);
+    verdict
+}
+
+/// How long a verdict of [`is_own_outer`] on a destination is kept. An endpoint that
+/// changes meanwhile (a roaming peer, a `wg set`) is seen within it.
+const VERDICT_KEPT: Duration = Duration::from_secs(1);
+
+/// The last few destinations [`is_own_outer`] judged, with the verdict and when.
+#[derive(Debug, Default)]
+pub(crate) struct OuterVerdicts(Mutex<[Option<(SocketAddr, bool, Duration)>; 4]>);
+
+impl OuterVerdicts {
+    fn get(&self, to: SocketAddr, now: Duration) -> Option<bool> {
+        let v = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        v.iter().flatten().find_map(|&(d, verdict, at)| {
+            (d == to && now.saturating_sub(at) < VERDICT_KEPT).then_some(verdict)
         })
+    }
+
+    /// Keeps `verdict` on `to` in place of the oldest entry.
+    fn put(&self, to: SocketAddr, verdict: bool, now: Duration) {
+        let mut v = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let oldest = (0..v.len())
+            .min_by_key(|&i| v[i].map_or(Duration::ZERO, |(_, _, at)| at))
+            .unwrap_or(0);
+        v[oldest] = Some((to, verdict, now));
+    }
 }
 
 /// Takes every packet out of `packets` (leaving its allocation for the next read).
@@ -140,4 +178,30 @@ pub fn route(c: StageCtx<'_>, packets: &mut Vec<Packet>) -> Vec<(Arc<Peer>, Vec<
         }
     }
     groups
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A verdict is kept for a second per destination; four destinations at once.
+    #[test]
+    fn verdicts_are_kept_a_second_for_the_last_four_destinations() {
+        let v = OuterVerdicts::default();
+        let at = |ms: u64| Duration::from_millis(ms);
+        let to = |port: u16| SocketAddr::from(([10, 0, 0, 1], port));
+        v.put(to(1), true, at(1_000));
+        assert_eq!(v.get(to(1), at(1_999)), Some(true));
+        assert_eq!(
+            v.get(to(1), at(2_000)),
+            None,
+            "a second later: judged again"
+        );
+        assert_eq!(v.get(to(2), at(1_500)), None);
+        for p in 2..=5 {
+            v.put(to(p), false, at(1_000 + u64::from(p)));
+        }
+        assert_eq!(v.get(to(1), at(1_010)), None, "the oldest made room");
+        assert_eq!(v.get(to(5), at(1_010)), Some(false));
+    }
 }
