@@ -60,4 +60,10 @@ while IFS= read -r f; do
     [[ -f "$root$f" || -L "$root$f" ]] && left+=" $f"
 done <<<"$files"
 [[ -z $left ]] || fail "dpkg -r left:$left"
-echo "package test: installed, checked and removed $(grep -c . <<<"$files") paths"
+# And purged: its maintainer scripts run for purge too (outside this root they would
+# forget the instances enabled at boot), and dpkg forgets the package.
+dpkg --root="$root" --log=/dev/null --force-script-chrootless -P wirelane
+if dpkg --root="$root" -s wirelane >/dev/null 2>&1; then
+    fail "dpkg -P left the package known"
+fi
+echo "package test: installed, checked, removed and purged $(grep -c . <<<"$files") paths"

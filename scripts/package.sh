@@ -41,32 +41,38 @@ chmod 644 "$root/usr/share/doc/wirelane/changelog.gz"
 # Units changed on disk: systemd rereads them. No instance is restarted on upgrade: a
 # restart would take the tunnels down. Not when installed into another root
 # (DPKG_ROOT): that root's systemd is not this one.
-for script in postinst postrm; do
-    cat >"$root/DEBIAN/$script" <<'SCRIPT'
+cat >"$root/DEBIAN/postinst" <<'SCRIPT'
 #!/bin/sh
 set -e
 if [ -z "${DPKG_ROOT:-}" ] && [ -d /run/systemd/system ]; then
     systemctl --system daemon-reload >/dev/null || true
 fi
 SCRIPT
-    chmod 755 "$root/DEBIAN/$script"
-done
-# Removal (not an upgrade): the tunnels the package's units run go down with it, and
-# instances enabled at boot are disabled, so that no link is left to a unit file that
-# is gone. Tunnel units stop before the pools they are bound to (their After=).
+# Purge: the instances enabled at boot are forgotten (their links in *.wants), as
+# debhelper forgets a unit's enablement on purge, not on removal: removed and installed
+# again, the package starts the same tunnels at boot.
+cat >"$root/DEBIAN/postrm" <<'SCRIPT'
+#!/bin/sh
+set -e
+if [ "$1" = purge ] && [ -z "${DPKG_ROOT:-}" ]; then
+    find /etc/systemd/system \( -path '*.wants/wirelane@*.service' \
+        -o -path '*.wants/wirelane-pool@*.service' \) -type l -delete 2>/dev/null || true
+fi
+if [ -z "${DPKG_ROOT:-}" ] && [ -d /run/systemd/system ]; then
+    systemctl --system daemon-reload >/dev/null || true
+fi
+SCRIPT
+chmod 755 "$root/DEBIAN/postinst" "$root/DEBIAN/postrm"
+# Removal (not an upgrade): the tunnels the package's units run go down with it. Tunnel
+# units stop before the pools they are bound to (their After=).
 cat >"$root/DEBIAN/prerm" <<'SCRIPT'
 #!/bin/sh
 set -e
 if [ "$1" = remove ] && [ -z "${DPKG_ROOT:-}" ] && [ -d /run/systemd/system ]; then
     running=$(systemctl list-units --all --plain --no-legend \
         'wirelane@*.service' 'wirelane-pool@*.service' | awk '{print $1}')
-    enabled=$(find /etc/systemd/system -path '*.wants/wirelane@*.service' \
-        -o -path '*.wants/wirelane-pool@*.service' 2>/dev/null | xargs -r -n1 basename | sort -u)
     if [ -n "$running" ]; then
         systemctl stop $running || true
-    fi
-    if [ -n "$enabled" ]; then
-        systemctl disable $enabled >/dev/null 2>&1 || true
     fi
 fi
 SCRIPT

@@ -27,8 +27,12 @@ use std::time::{Duration, Instant};
 use crate::places::{Place, Places};
 use crate::timed::Timed;
 
-/// Connections served at once; Prometheus needs one per scrape.
-pub const MAX_CONNECTIONS: usize = 4;
+/// Connections served at once, each with a thread of its own; Prometheus needs one per
+/// scrape. Places are taken before the request arrives, so a client that opens
+/// connections and sends nothing holds one for the read deadline: sixteen, not a
+/// handful, so that a few idle connections (a port scan, a stalled proxy) leave room
+/// for the scrapes, at sixteen small threads at most.
+pub const MAX_CONNECTIONS: usize = 16;
 /// Longest request head (request line and headers) read.
 pub const MAX_HEAD: usize = 8 << 10;
 /// Time a client has to send its request head, whatever its pace.
@@ -208,6 +212,15 @@ fn read_head(mut stream: &TcpStream, buf: &mut Vec<u8>) -> io::Result<Option<usi
 fn serve(stream: TcpStream, render: &Render, place: Place) {
     let mut head = Vec::with_capacity(1024);
     let result = match read_head(&stream, &mut head) {
+        // An answer to HEAD has the head GET's would, and no body (RFC 9110 §9.3.2).
+        Ok(Some(_)) if head.starts_with(b"HEAD ") && !is_metrics_head(&head) => {
+            let (code, reason, headers, body) = match parse_request_line(&head) {
+                Request::NotFound => (404, "Not Found", &[][..], "only /metrics\n"),
+                _ => (400, "Bad Request", &[][..], "bad request\n"),
+            };
+            let text = answer_head(code, reason, headers, body.len());
+            answer(&stream).write_all(text.as_bytes())
+        }
         Ok(Some(_)) => match parse_request_line(&head) {
             Request::Metrics => {
                 let body = render();
@@ -270,6 +283,11 @@ fn serve(stream: TcpStream, render: &Render, place: Place) {
 }
 
 /// The writer of an answer on `stream`: the client has [`WRITE_DEADLINE`] to take it.
+/// Whether `head` asks HEAD /metrics, which `serve` answers with GET's head.
+fn is_metrics_head(head: &[u8]) -> bool {
+    parse_request_line(head) == Request::MetricsHead
+}
+
 fn answer(stream: &TcpStream) -> Timed<&TcpStream> {
     Timed::new(stream, WRITE_DEADLINE, WRITE_DEADLINE)
 }

@@ -53,10 +53,11 @@ struct Cli {
     #[arg(short, long)]
     foreground: bool,
 
-    /// Log level: error, warn, info, debug or trace.
-    #[arg(long, value_name = "LEVEL", default_value = "info",
+    /// Log level: error, warn, info, debug or trace (default: info). Given, the
+    /// daemon keeps logging to stderr once in the background.
+    #[arg(long, value_name = "LEVEL",
           value_parser = ["error", "warn", "info", "debug", "trace", "off"])]
-    log_level: String,
+    log_level: Option<String>,
 
     /// Execution model that runs the pipeline stages: workqueue (one pool, every
     /// stage at equal priority), threaded (a thread per peer for its serial stages) or
@@ -174,16 +175,20 @@ fn parse_pool(s: &str) -> Result<String, String> {
 fn init_logging(cli: &Cli) {
     let level = match std::env::var("LOG_LEVEL").ok().as_deref() {
         Some("verbose" | "debug") => "debug".to_string(),
+        Some("info") => "info".to_string(),
         Some("error") => "error".to_string(),
         Some("silent") => "off".to_string(),
-        _ => cli.log_level.clone(),
+        _ => cli.log_level.clone().unwrap_or_else(|| "info".into()),
     };
     // A filter in WIRELANE_LOG was checked before (`check`): unset, the level rules.
     let filter = tracing_subscriber::EnvFilter::try_from_env(LOG_ENV)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
+    // Colour only on a terminal: escape codes in the journal make journalctl show
+    // every line as "[N B blob data]".
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(io::stderr)
+        .with_ansi(io::IsTerminal::is_terminal(&io::stderr()))
         .with_target(false)
         .init();
 }
@@ -217,7 +222,9 @@ fn check(cli: &mut Cli) {
             .exit()
     };
     // Set but unusable (not UTF-8, or not a filter) is an error, not "unset".
+    // Empty counts as unset (`VAR=` in /etc/default or a unit's drop-in).
     let env = |name: &str| match std::env::var(name) {
+        Ok(v) if v.is_empty() => None,
         Ok(v) => Some(v),
         Err(std::env::VarError::NotPresent) => None,
         Err(std::env::VarError::NotUnicode(_)) => usage(format!("{name}: not UTF-8")),
@@ -254,9 +261,10 @@ fn check(cli: &mut Cli) {
     }
 }
 
-/// `--remove` and `--list`: one request to a running pool.
+/// `--remove` and `--list`: one request to a running pool, asked again while it is busy
+/// (as a joining tunnel asks).
 fn control(pool_name: &str, req: Request) -> ExitCode {
-    let answer = pool::control_path(pool_name).and_then(|p| pool::ask(&p, &req));
+    let answer = pool::control_path(pool_name).and_then(|p| pool::ask_patiently(&p, &req));
     match answer {
         Ok(Ok(detail)) => {
             if !detail.is_empty() {
@@ -268,8 +276,17 @@ fn control(pool_name: &str, req: Request) -> ExitCode {
             eprintln!("wirelane: {e}");
             ExitCode::FAILURE
         }
-        Err(e) => {
+        // Only a socket that is not there means no pool; anything else (permission,
+        // a pool that stopped answering) is said as it is.
+        Err(e)
+            if e.kind() == io::ErrorKind::NotFound
+                || e.kind() == io::ErrorKind::ConnectionRefused =>
+        {
             eprintln!("wirelane: no pool '{pool_name}' in this network namespace ({e})");
+            ExitCode::FAILURE
+        }
+        Err(e) => {
+            eprintln!("wirelane: cannot ask pool '{pool_name}': {e}");
             ExitCode::FAILURE
         }
     }
@@ -369,8 +386,10 @@ fn bind_or_join(cli: &Cli, name: &str) -> Result<Option<Control>, String> {
 }
 
 fn run(cli: &Cli, readiness: &mut daemonize::Readiness) -> Result<(), String> {
-    let sig = signal_fd().map_err(|e| format!("cannot set up signal handling: {e}"))?;
     // A pool's control socket first: if a live pool answers there, join it instead.
+    // Signals keep their default action until then: a joiner waiting on a busy pool
+    // (up to 30 s) ends at Ctrl-C. No thread exists yet, so the mask `signal_fd` sets
+    // next is still every thread's.
     let control = match &cli.pool {
         Some(p) => match bind_or_join(cli, p)? {
             Some(c) => Some(c),
@@ -381,6 +400,7 @@ fn run(cli: &Cli, readiness: &mut daemonize::Readiness) -> Result<(), String> {
         },
         None => None,
     };
+    let sig = signal_fd().map_err(|e| format!("cannot set up signal handling: {e}"))?;
     let workers = cli
         .workers
         .map(usize::from)
@@ -531,7 +551,10 @@ fn main() -> ExitCode {
     if !cli.foreground && !detached {
         // Re-run ourselves in the background with the same arguments.
         let args: Vec<String> = std::env::args().skip(1).collect();
+        // As wireguard-go keeps its output when LOG_LEVEL asks for any; an explicit
+        // --log-level or WIRELANE_LOG asks as much.
         let keep_stderr = std::env::var_os("WIRELANE_LOG").is_some()
+            || cli.log_level.as_deref().is_some_and(|l| l != "off")
             || std::env::var("LOG_LEVEL").is_ok_and(|l| l != "silent");
         return match daemonize::spawn_background(&args, keep_stderr) {
             Ok(0) => ExitCode::SUCCESS,

@@ -49,15 +49,59 @@ fn set_bounds(dev: &Interface) -> (usize, usize) {
     (lines.max(MAX_LINES), bytes.max(MAX_SET_BYTES))
 }
 
-/// Reads and drops the rest of a `set` past its bound, up to its blank line: the
-/// answer then reaches a client that writes its whole request before it reads (as
-/// `wg` does), which would otherwise die of SIGPIPE on the closed connection without
-/// printing why. The request's time limit still bounds how long this reads.
-fn discard_rest_of_request(r: &mut impl BufRead, buf: &mut Vec<u8>) {
-    while let Ok(Some(l)) = read_line(r, buf) {
-        if l.is_empty() {
+/// Reads and drops the rest of a `set` past its bound, up to its blank line (`mid_line`:
+/// the bound fell inside a line, whose end is no blank line's start): the answer then reaches a client that writes its whole request before
+/// it reads (as `wg` does), which would otherwise die of SIGPIPE on the closed
+/// connection without printing why. Bytes, not lines: nothing past the bound is
+/// checked or kept, however long its lines or whatever their encoding. The request's
+/// time limit still bounds how long this reads.
+fn discard_rest_of_request(r: &mut impl BufRead, mid_line: bool) {
+    let mut at_line_start = !mid_line;
+    loop {
+        let Ok(chunk) = r.fill_buf() else { return };
+        if chunk.is_empty() {
             return;
         }
+        for (i, &b) in chunk.iter().enumerate() {
+            if b == b'\n' && at_line_start {
+                r.consume(i + 1);
+                return;
+            }
+            at_line_start = b == b'\n';
+        }
+        let n = chunk.len();
+        r.consume(n);
+    }
+}
+
+/// Bytes held by every `set` being read, over all connections (`SetHeld`).
+static SET_BYTES_HELD: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// One request's share of [`SET_BYTES_HELD`], given back when it is dropped. Each
+/// request may hold what a whole configuration takes (`set_bounds`), but all of them
+/// together no more than that either: sixteen connections at once must not hold
+/// sixteen configurations' worth.
+#[derive(Default)]
+struct SetHeld(usize);
+
+impl SetHeld {
+    /// Takes `n` bytes more; false, taking nothing, if that passes `bound` over all
+    /// requests.
+    fn take(&mut self, n: usize, bound: usize) -> bool {
+        use std::sync::atomic::Ordering::Relaxed;
+        let before = SET_BYTES_HELD.fetch_add(n, Relaxed);
+        if before.saturating_add(n) > bound {
+            SET_BYTES_HELD.fetch_sub(n, Relaxed);
+            return false;
+        }
+        self.0 += n;
+        true
+    }
+}
+
+impl Drop for SetHeld {
+    fn drop(&mut self) {
+        SET_BYTES_HELD.fetch_sub(self.0, std::sync::atomic::Ordering::Relaxed);
     }
 }
 /// How long one request may take to arrive and its answer to leave: a client that
@@ -249,12 +293,10 @@ pub fn format_stats(dev: &Interface, rt: &Runtime) -> String {
     let _ = writeln!(out, "under_load={}", u8::from(dev.under_load()));
     let _ = writeln!(out, "handshake_queue={}", dev.handshake_queue_len());
     let _ = writeln!(out, "ratelimiter_sources={}", dev.ratelimiter_sources());
-    let sockets = dev.sockets();
     for role in SocketRole::ALL {
-        let drops = sockets.kernel_drops(role);
+        let drops = dev.kernel_drops(role);
         let _ = writeln!(out, "{}_socket_drops={drops}", role.name());
     }
-    drop(sockets);
     let table = dev.table();
     let staged_max = table.by_id.values().map(|p| p.staged_len()).max();
     let _ = writeln!(out, "peers={}", table.by_id.len());
@@ -368,7 +410,7 @@ pub fn serve_connection(stream: UnixStream, dev: &Arc<Interface>, rt: &Runtime) 
             }
             "set=1" => {
                 let mut lines = Vec::new();
-                let mut held = 0;
+                let mut held = SetHeld::default();
                 let (max_lines, max_bytes) = set_bounds(dev);
                 loop {
                     match read_line(&mut reader, &mut buf) {
@@ -377,10 +419,11 @@ pub fn serve_connection(stream: UnixStream, dev: &Arc<Interface>, rt: &Runtime) 
                         Ok(None) => return refuse(&mut writer, libc::EPROTO),
                         Ok(Some(l)) if l.is_empty() => break,
                         Ok(Some(l)) => {
-                            held += l.len() + LINE_OVERHEAD;
-                            if lines.len() >= max_lines || held > max_bytes {
+                            let fits = held.take(l.len() + LINE_OVERHEAD, max_bytes);
+                            if lines.len() >= max_lines || !fits {
                                 drop(lines);
-                                discard_rest_of_request(&mut reader, &mut buf);
+                                drop(held);
+                                discard_rest_of_request(&mut reader, false);
                                 let e = io::Error::new(
                                     io::ErrorKind::FileTooLarge,
                                     "UAPI request too large",
@@ -389,7 +432,21 @@ pub fn serve_connection(stream: UnixStream, dev: &Arc<Interface>, rt: &Runtime) 
                             }
                             lines.push(l);
                         }
-                        Err(e) => return Err(refuse_unreadable(&mut writer, e)),
+                        Err(e) => {
+                            // Past a line's bound, or a line not UTF-8: the rest goes
+                            // unread into the void, so that the answer is read.
+                            drop(lines);
+                            match e.kind() {
+                                io::ErrorKind::FileTooLarge => {
+                                    discard_rest_of_request(&mut reader, true)
+                                }
+                                io::ErrorKind::InvalidData => {
+                                    discard_rest_of_request(&mut reader, false)
+                                }
+                                _ => {}
+                            }
+                            return Err(refuse_unreadable(&mut writer, e));
+                        }
                     }
                 }
                 let errno = match parse_set(lines.iter().map(String::as_str)) {

@@ -298,6 +298,13 @@ fn bad_requests_get_errors_and_the_tunnel_carries_on() {
         "a body after the head: {answer}"
     );
     assert!(!answer.contains("Content-Length: 0\r\n"), "{answer}");
+    // HEAD of anything else: its error's head, and no body either.
+    let answer = http(&ns, METRICS, b"HEAD /other HTTP/1.1\r\n\r\n".to_vec());
+    assert_eq!(status(&answer), 404, "{answer}");
+    assert!(
+        answer.ends_with("\r\n\r\n"),
+        "a body after the head: {answer}"
+    );
     assert_eq!(status(&get(&ns, METRICS, "/")), 404);
     assert_eq!(status(&get(&ns, METRICS, "/metrics/../etc")), 404);
     assert_eq!(

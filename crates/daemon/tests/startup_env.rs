@@ -1,7 +1,7 @@
 //! What the daemon takes from its surroundings at start: the UAPI socket directory
 //! (made 0755 whatever the umask; one that others may write to is refused) and
 //! wireguard-go's environment (`WG_PROCESS_FOREGROUND=1` keeps it in the foreground;
-//! `WG_TUN_FD` and `WG_UAPI_FD`, unsupported, are refused). Each case runs in a mount
+//! `WG_TUN_FD` and `WG_UAPI_FD`, unsupported, are refused), and where its log goes. Each case runs in a mount
 //! namespace of its own with a fresh tmpfs on /run/wireguard, so the machine's
 //! directory is never touched, and in a network namespace of its own.
 
@@ -107,4 +107,37 @@ fn wireguard_gos_environment_is_honoured_or_refused() {
     }
     std::thread::sleep(Duration::from_millis(100));
     assert!(!link_exists(&ns, &name));
+}
+
+/// In the background, `--log-level` keeps the daemon's log on the stderr it was given,
+/// as `LOG_LEVEL` does; lines written to anything but a terminal carry no colour codes
+/// (the journal would show each as "blob data"). Empty variables count as unset.
+#[test]
+fn the_log_is_plain_text_and_kept_when_a_level_is_given() {
+    require_root();
+    let ns = Netns::fresh();
+    let name = unique("wl");
+    let o = in_private_run(
+        &ns,
+        false,
+        &format!(
+            "env -u LOG_LEVEL \"$BIN\" --log-level info {name} 2>\"$DIR/log\" && \
+             ip link del {name} && sleep 0.5 && cat \"$DIR/log\""
+        ),
+    );
+    let log = String::from_utf8_lossy(&o.stdout);
+    assert!(log.contains("tunnel up"), "{o:?}");
+    assert!(!log.contains('\x1b'), "colour codes in {log:?}");
+    let o = in_private_run(
+        &ns,
+        false,
+        &format!(
+            "WIRELANE_METRICS= WIRELANE_POOL= WIRELANE_LOG= timeout 2 \"$BIN\" -f {name}; \
+             echo rc=$?"
+        ),
+    );
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("rc=124"),
+        "{o:?}"
+    );
 }
