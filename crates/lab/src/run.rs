@@ -249,9 +249,13 @@ fn measure(which: Impl, cell: &Cell, dur: Duration, rec: &mut RunRecord) -> Resu
     // One figure per host, its processes' peaks summed: wireguard-go and boringtun
     // run a process per tunnel where wirelane serves every tunnel from one, so a
     // single process's peak would compare one tunnel's memory with T tunnels'.
+    // A host with no daemon process (kernel WireGuard, none) has no figure, not 0.
     rec.peak_rss_kib = hosts
         .iter()
-        .map(|ps| ps.iter().filter_map(|&p| cpu::peak_rss_kib(p)).sum())
+        .filter_map(|ps| {
+            let peaks: Vec<u64> = ps.iter().filter_map(|&p| cpu::peak_rss_kib(p)).collect();
+            (!peaks.is_empty()).then(|| peaks.iter().sum())
+        })
         .collect();
     let daemon_s: f64 = threads.iter().map(|t| t.cpu_s).sum();
     rec.daemon_threads = pids.iter().map(|&(_, p)| cpu::read_threads(p).len()).sum();

@@ -500,15 +500,12 @@ fn measure(which: Impl, spec: &StarSpec, rec: &mut StarRecord) -> Result<()> {
         inner_sent = Some(crate::workload::join(h)?);
         stop.store(true, Ordering::Release);
     }
-    let outcome = crate::workload::join(generator)?;
+    let outcome = crate::workload::join(generator);
     stop.store(true, Ordering::Release);
-    let sunk = match sink {
-        Some((h, _)) => Some(crate::workload::join(h)?),
-        None => None,
-    };
-    // The phase's CPU is read when its traffic has arrived, before a storm that
-    // outlasts the phase is joined: the storm's handshakes after the phase are not
-    // the bytes' cost.
+    let sunk = sink.map(|(h, _)| crate::workload::join(h));
+    // The phase's CPU, counters and signatures are read when its traffic has arrived,
+    // before a storm that outlasts the phase is joined: the storm's handshakes after
+    // the phase are not the bytes' cost.
     let cores_after = cpu::read_cores();
     let threads_after: Vec<_> = pids
         .iter()
@@ -516,10 +513,7 @@ fn measure(which: Impl, spec: &StarSpec, rec: &mut StarRecord) -> Result<()> {
         .collect();
     rec.daemon_threads =
         (!pids.is_empty()).then(|| pids.iter().map(|&p| cpu::read_threads(p).len()).sum());
-    if let Some((h, _)) = storm {
-        rec.storm_during = crate::workload::join(h)?;
-    }
-    let counters = GatewayCounters::read(&gw, &tuns)?.since(&counters_before);
+    let counters = GatewayCounters::read(&gw, &tuns).map(|c| c.since(&counters_before));
     if let Some(before) = &sigs_before {
         if let Ok(after) = crate::signatures::snapshot_tunnels(&tuns) {
             rec.signatures = Some(crate::signatures::Signatures::between(
@@ -527,6 +521,11 @@ fn measure(which: Impl, spec: &StarSpec, rec: &mut StarRecord) -> Result<()> {
             ));
         }
     }
+    // Joined whatever the others gave: an error above must not leave it running.
+    if let Some((h, _)) = storm {
+        rec.storm_during = crate::workload::join(h)?;
+    }
+    let (outcome, sunk, counters) = (outcome?, sunk.transpose()?, counters?);
     if let Some(h) = rss_sampler {
         rec.rss_kib_each_s = h.join().unwrap_or_default();
     }
@@ -582,7 +581,9 @@ fn measure(which: Impl, spec: &StarSpec, rec: &mut StarRecord) -> Result<()> {
             rec.corrupted = s.corrupted;
             rec.misdelivered = s.misdelivered;
             if !blackhole {
-                rec.tunnel_delivered = per_tunnel(&s.per_peer, tunnels);
+                // The heavy peers': the light ones offer far less, by design.
+                let heavy = spec.heavy_peers().min(s.per_peer.len());
+                rec.tunnel_delivered = per_tunnel(&s.per_peer[..heavy], tunnels);
             }
             [rec.delay_p50_us, rec.delay_p99_us, rec.delay_p999_us] = quantiles_us(&s.delay);
             [
@@ -685,7 +686,7 @@ impl StarRecord {
     /// tunnels' unequal shares of the peers.
     pub fn tunnel_fairness(&self) -> Option<f64> {
         let tunnels = self.tunnel_delivered.len().max(1);
-        let peers = self.spec.as_ref().map_or(tunnels, |s| s.peers);
+        let peers = self.spec.as_ref().map_or(tunnels, |s| s.heavy_peers());
         let xs: Vec<f64> = (self.tunnel_delivered.iter().enumerate())
             .map(|(t, &n)| {
                 let on = peers / tunnels + usize::from(t < peers % tunnels);

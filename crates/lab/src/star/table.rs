@@ -129,7 +129,8 @@ pub fn table(records: &[StarRecord], cpu: &str) -> String {
              TUN read to the send. \"RSS growth\" (phases of 2 minutes or more): \
              the daemon's largest resident set in the phase's last minute less that in its \
              first. Over several tunnels, peer i is on tunnel i mod T, and \"tunnel \
-             fairness\" is Jain's index over what each tunnel delivered. Peak RSS and \
+             fairness\" is Jain's index over what each tunnel delivered per heavy peer \
+             it carries. Peak RSS and \
              daemon threads sum the daemon's processes (one per tunnel, but for \
              wirelane)."
         ),
