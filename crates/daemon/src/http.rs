@@ -282,12 +282,12 @@ fn serve(stream: TcpStream, render: &Render, place: Place) {
     drain(&stream, Duration::from_millis(100));
 }
 
-/// The writer of an answer on `stream`: the client has [`WRITE_DEADLINE`] to take it.
 /// Whether `head` asks HEAD /metrics, which `serve` answers with GET's head.
 fn is_metrics_head(head: &[u8]) -> bool {
     parse_request_line(head) == Request::MetricsHead
 }
 
+/// The writer of an answer on `stream`: the client has [`WRITE_DEADLINE`] to take it.
 fn answer(stream: &TcpStream) -> Timed<&TcpStream> {
     Timed::new(stream, WRITE_DEADLINE, WRITE_DEADLINE)
 }

@@ -172,17 +172,25 @@ fn parse_pool(s: &str) -> Result<String, String> {
     pool::validate_name(s).map(|_| s.to_string())
 }
 
+/// A variable's value, if it is set to something (`VAR=` counts as unset).
+fn set_var(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.is_empty())
+}
+
 fn init_logging(cli: &Cli) {
-    let level = match std::env::var("LOG_LEVEL").ok().as_deref() {
-        Some("verbose" | "debug") => "debug".to_string(),
-        Some("info") => "info".to_string(),
-        Some("error") => "error".to_string(),
-        Some("silent") => "off".to_string(),
-        _ => cli.log_level.clone().unwrap_or_else(|| "info".into()),
+    // An explicit --log-level wins over LOG_LEVEL (which the units set); an empty
+    // variable counts as unset.
+    let level = match (&cli.log_level, set_var("LOG_LEVEL").as_deref()) {
+        (Some(l), _) => l.clone(),
+        (None, Some("verbose" | "debug")) => "debug".to_string(),
+        (None, Some("error")) => "error".to_string(),
+        (None, Some("silent")) => "off".to_string(),
+        _ => "info".to_string(),
     };
     // A filter in WIRELANE_LOG was checked before (`check`): unset, the level rules.
-    let filter = tracing_subscriber::EnvFilter::try_from_env(LOG_ENV)
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
+    let filter = set_var(LOG_ENV)
+        .and_then(|f| tracing_subscriber::EnvFilter::try_new(f).ok())
+        .unwrap_or_else(|| tracing_subscriber::EnvFilter::new(level));
     // Colour only on a terminal: escape codes in the journal make journalctl show
     // every line as "[N B blob data]".
     tracing_subscriber::fmt()
@@ -386,10 +394,10 @@ fn bind_or_join(cli: &Cli, name: &str) -> Result<Option<Control>, String> {
 }
 
 fn run(cli: &Cli, readiness: &mut daemonize::Readiness) -> Result<(), String> {
+    // Signals are held from here, a join included: a join adds its tunnels all or none,
+    // and a signal partway through would leave some added.
+    let sig = signal_fd().map_err(|e| format!("cannot set up signal handling: {e}"))?;
     // A pool's control socket first: if a live pool answers there, join it instead.
-    // Signals keep their default action until then: a joiner waiting on a busy pool
-    // (up to 30 s) ends at Ctrl-C. No thread exists yet, so the mask `signal_fd` sets
-    // next is still every thread's.
     let control = match &cli.pool {
         Some(p) => match bind_or_join(cli, p)? {
             Some(c) => Some(c),
@@ -400,7 +408,6 @@ fn run(cli: &Cli, readiness: &mut daemonize::Readiness) -> Result<(), String> {
         },
         None => None,
     };
-    let sig = signal_fd().map_err(|e| format!("cannot set up signal handling: {e}"))?;
     let workers = cli
         .workers
         .map(usize::from)
@@ -553,9 +560,9 @@ fn main() -> ExitCode {
         let args: Vec<String> = std::env::args().skip(1).collect();
         // As wireguard-go keeps its output when LOG_LEVEL asks for any; an explicit
         // --log-level or WIRELANE_LOG asks as much.
-        let keep_stderr = std::env::var_os("WIRELANE_LOG").is_some()
+        let keep_stderr = set_var(LOG_ENV).is_some()
             || cli.log_level.as_deref().is_some_and(|l| l != "off")
-            || std::env::var("LOG_LEVEL").is_ok_and(|l| l != "silent");
+            || set_var("LOG_LEVEL").is_some_and(|l| l != "silent");
         return match daemonize::spawn_background(&args, keep_stderr) {
             Ok(0) => ExitCode::SUCCESS,
             Ok(_) => ExitCode::FAILURE,

@@ -36,8 +36,9 @@ const PEER_LINES_BYTES: usize = 640;
 /// An `allowed_ip` line at its longest (an IPv6 prefix), as held.
 const ALLOWED_IP_LINE_BYTES: usize = 96;
 
-/// How many lines and bytes one `set` may hold while it is read: whatever a whole
-/// configuration within the interface's own limits takes (`wg setconf` and `syncconf`
+/// How many lines and bytes one `set` may hold while it is read (and, all sets at once,
+/// twice the bytes: `SetHeld`): whatever a whole configuration within the interface's
+/// own limits takes (`wg setconf` and `syncconf`
 /// send every peer in one request, so a configuration the limits admit must fit), and
 /// never less than `MAX_LINES` and `MAX_SET_BYTES`. Without a bound a client could make
 /// one connection hold any amount of memory before a line was checked.
@@ -78,20 +79,26 @@ fn discard_rest_of_request(r: &mut impl BufRead, mid_line: bool) {
 static SET_BYTES_HELD: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 /// One request's share of [`SET_BYTES_HELD`], given back when it is dropped. Each
-/// request may hold what a whole configuration takes (`set_bounds`), but all of them
-/// together no more than that either: sixteen connections at once must not hold
-/// sixteen configurations' worth.
+/// request may hold what a whole configuration takes (`set_bounds`), and all of them
+/// together twice that: sixteen connections at once must not hold sixteen
+/// configurations' worth, and two large sets at once (a pool's tunnels configured
+/// together at boot) still fit.
 #[derive(Default)]
 struct SetHeld(usize);
 
 impl SetHeld {
-    /// Takes `n` bytes more; false, taking nothing, if that passes `bound` over all
-    /// requests.
+    /// Takes `n` bytes more; false, taking nothing, if this request would pass `bound`
+    /// or all of them together twice `bound`.
     fn take(&mut self, n: usize, bound: usize) -> bool {
         use std::sync::atomic::Ordering::Relaxed;
-        let before = SET_BYTES_HELD.fetch_add(n, Relaxed);
-        if before.saturating_add(n) > bound {
-            SET_BYTES_HELD.fetch_sub(n, Relaxed);
+        if self.0.saturating_add(n) > bound {
+            return false;
+        }
+        let all = bound.saturating_mul(2);
+        let taken = SET_BYTES_HELD.fetch_update(Relaxed, Relaxed, |held| {
+            held.checked_add(n).filter(|&h| h <= all)
+        });
+        if taken.is_err() {
             return false;
         }
         self.0 += n;
@@ -436,6 +443,7 @@ pub fn serve_connection(stream: UnixStream, dev: &Arc<Interface>, rt: &Runtime) 
                             // Past a line's bound, or a line not UTF-8: the rest goes
                             // unread into the void, so that the answer is read.
                             drop(lines);
+                            drop(held);
                             match e.kind() {
                                 io::ErrorKind::FileTooLarge => {
                                     discard_rest_of_request(&mut reader, true)

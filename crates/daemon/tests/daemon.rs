@@ -219,8 +219,8 @@ fn bad_uapi_input_changes_nothing() {
     assert_eq!(uapi(&d.ifname, "frobnicate=1\n\n"), "errno=-22\n");
     let long = format!("set=1\nprivate_key={}\n\n", "0".repeat(100_000));
     if let Ok(mut s) = UnixStream::connect(socket_path(&d.ifname)) {
-        // The daemon answers the over-long line EMSGSIZE and hangs up; our write may
-        // see a reset.
+        // The daemon reads the rest of the request, answers the over-long line EMSGSIZE
+        // and hangs up.
         let _ = s.write_all(long.as_bytes());
         let mut reply = String::new();
         let _ = s.read_to_string(&mut reply);

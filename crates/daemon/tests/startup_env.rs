@@ -132,12 +132,17 @@ fn the_log_is_plain_text_and_kept_when_a_level_is_given() {
         &ns,
         false,
         &format!(
-            "WIRELANE_METRICS= WIRELANE_POOL= WIRELANE_LOG= timeout 2 \"$BIN\" -f {name}; \
-             echo rc=$?"
+            "env -u LOG_LEVEL WIRELANE_METRICS= WIRELANE_POOL= WIRELANE_LOG= timeout 2 \
+             \"$BIN\" -f {name}; echo rc=$?"
         ),
     );
     assert!(
         String::from_utf8_lossy(&o.stdout).contains("rc=124"),
+        "{o:?}"
+    );
+    // An empty filter is no filter: the default level logs, it is not silenced.
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("tunnel up"),
         "{o:?}"
     );
 }

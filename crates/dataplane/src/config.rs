@@ -282,6 +282,9 @@ impl Interface {
                 touched.push((peer, pu.persistent_keepalive));
             }
         }
+        // The routing-loop filter judges destinations by the peers' endpoints: whatever
+        // it kept is judged again.
+        self.outer_verdicts.clear();
         // Step 3: effects that send packets, and the scheduler's news, run outside the
         // table lock.
         for p in &removed {

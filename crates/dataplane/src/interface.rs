@@ -137,7 +137,7 @@ pub struct Interface {
     /// Limits the ICMP errors written back for packets no peer routes.
     pub(crate) icmp_limit: crate::icmp::RateLimit,
     /// Kernel drops at sockets this interface no longer uses, per `SocketRole::ALL`.
-    retired_kernel_drops: [AtomicU64; 3],
+    retired_kernel_drops: Mutex<[u64; 3]>,
     /// Recent verdicts of the routing-loop filter (`stages::route`).
     pub(crate) outer_verdicts: crate::stages::route::OuterVerdicts,
     pub stats: Stats,
@@ -340,12 +340,19 @@ impl Interface {
     }
 
     pub(crate) fn replace_sockets(&self, s: Sockets) {
-        let old = self.sockets.swap(Arc::new(s));
         // What the kernel dropped at the old sockets stays counted: the counters built
-        // on it must never go down (Prometheus would read a reset).
+        // on it must never go down (Prometheus would read a reset). The swap and the
+        // count move together under the lock `kernel_drops` reads under, so no reading
+        // sees the new sockets without the old ones' drops.
+        let mut retired = self
+            .retired_kernel_drops
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let old = self.sockets.swap(Arc::new(s));
         for (i, role) in crate::sockets::SocketRole::ALL.into_iter().enumerate() {
-            self.retired_kernel_drops[i].fetch_add(old.kernel_drops(role), Ordering::Relaxed);
+            retired[i] += old.kernel_drops(role);
         }
+        drop(retired);
         // After the swap: a woken reader must find the successors.
         if let Some(w) = &old.retired {
             w.wake();
@@ -359,7 +366,11 @@ impl Interface {
             .iter()
             .position(|r| *r == role)
             .unwrap_or(0);
-        self.retired_kernel_drops[i].load(Ordering::Relaxed) + self.sockets().kernel_drops(role)
+        let retired = self
+            .retired_kernel_drops
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        retired[i] + self.sockets().kernel_drops(role)
     }
 
     pub(crate) fn gate(&self) -> MutexGuard<'_, Option<Gate>> {

@@ -193,10 +193,10 @@ counters! {
     cookie_replies_unsent,
     /// Cookie replies for one of our indices refused: on the reader because the peer
     /// awaited none or had one queued already (`cookie_slot`), or on the handshake
-    /// thread because it failed to open (forged, or not for our last message).
+    /// thread because it failed to open (forged, or not for our last message) or its
+    /// index was retired meanwhile.
     cookie_replies_refused,
-    /// Handshake messages that authenticated with mac1 but failed later, and cookie
-    /// replies for an index retired before they were handled.
+    /// Handshake messages that authenticated with mac1 but failed later.
     handshake_failed,
     /// Handshake messages that arrived while the interface had no private key (nothing
     /// could answer them), or whose key was removed before they were handled.
@@ -204,7 +204,9 @@ counters! {
     /// Handshakes completed here: initiations answered with a response, and responses
     /// consumed (each derives a new keypair; a rekey counts once per side).
     handshakes_completed,
-    /// Diffie-Hellman operations spent on received handshake messages.
+    /// Diffie-Hellman operations received handshake messages reached (see
+    /// `stages::handshake`: an initiation's static-static one counts though it is
+    /// computed once per peer).
     handshake_dh,
     /// Handshake initiations sent, by the rule that started each
     /// (`wirelane_proto::InitiationReason`): data and no session, data and an expired

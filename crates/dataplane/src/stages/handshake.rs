@@ -36,6 +36,8 @@ pub fn process(c: StageCtx<'_>, job: HandshakeJob) {
         Kind::Transport => return,
     };
     let Ok(msg) = msg else { return };
+    // Whether a response's two Diffie-Hellman operations ran (its index matched).
+    let mut computed = false;
     let (peer, result) = match msg {
         Message::Initiation(msg) => {
             dev.stats.handshake_dh.fetch_add(1, Ordering::Relaxed);
@@ -69,7 +71,10 @@ pub fn process(c: StageCtx<'_>, job: HandshakeJob) {
             // initiation in flight, seen on the wire) would otherwise hold the lock the
             // data path takes for every run of the peer's packets for two
             // Diffie-Hellman operations each time.
-            let keys = (peer.state().response_work(&msg)).and_then(|w| w.compute(&identity, &msg));
+            // The guard goes with this statement: `compute` runs with the lock free.
+            let work = peer.state().response_work(&msg);
+            computed = work.is_ok();
+            let keys = work.and_then(|w| w.compute(&identity, &msg));
             let r = keys.and_then(|keys| {
                 step(c, &peer, |state, ctx, out| {
                     // The key the response was computed with is still ours.
@@ -82,7 +87,7 @@ pub fn process(c: StageCtx<'_>, job: HandshakeJob) {
             (peer, r)
         }
     };
-    let dh = diffie_hellmans_after_the_first(job.kind, &result);
+    let dh = diffie_hellmans_after_the_first(job.kind, &result, computed);
     dev.stats.handshake_dh.fetch_add(dh, Ordering::Relaxed);
     match result {
         Ok(()) => {
@@ -104,17 +109,22 @@ pub fn process(c: StageCtx<'_>, job: HandshakeJob) {
     }
 }
 
-/// The Diffie-Hellman operations a message's step ran, besides an initiation's first
-/// (counted before the peer is known): an initiation's static-static one, then its
-/// response's two once the timestamp passed; a response's two once its index matched
-/// the initiation in flight.
-fn diffie_hellmans_after_the_first(kind: Kind, result: &Result<(), HandshakeError>) -> u64 {
+/// The Diffie-Hellman operations a message reached, besides an initiation's first (es,
+/// counted before the peer is known): an initiation's static-static one (ss, counted
+/// though it is computed once per peer and kept), then its response's two (ee, se) once
+/// the timestamp passed; a response's two once its index matched the initiation in
+/// flight (`computed`), whatever came of them.
+fn diffie_hellmans_after_the_first(
+    kind: Kind,
+    result: &Result<(), HandshakeError>,
+    computed: bool,
+) -> u64 {
     match (kind, result) {
-        (_, Err(HandshakeError::NoPrivateKey)) => 0,
+        (Kind::Initiation, Err(HandshakeError::NoPrivateKey)) => 0,
         (Kind::Initiation, Ok(())) => 3,
         (Kind::Initiation, Err(_)) => 1,
-        (_, Err(HandshakeError::UnexpectedResponse)) => 0,
-        _ => 2,
+        _ if computed => 2,
+        _ => 0,
     }
 }
 
@@ -123,8 +133,8 @@ fn consume_cookie_reply(c: StageCtx<'_>, job: &HandshakeJob) {
         return;
     };
     let Some(peer) = c.iface.peer_by_index(reply.receiver) else {
-        // Retired between the gate and here.
-        let s = &c.iface.stats.handshake_failed;
+        // Retired between the gate and here: refused, as a reply that does not open.
+        let s = &c.iface.stats.cookie_replies_refused;
         s.fetch_add(1, Ordering::Relaxed);
         return;
     };
@@ -169,7 +179,7 @@ mod tests {
     /// Diffie-Hellman and its timestamp, and adds nothing to what the peer is shown to
     /// have sent: only an authenticated message counts as received, as in the kernel.
     #[test]
-    fn a_replayed_initiation_counts_no_bytes_and_one_dh() {
+    fn a_replayed_initiation_counts_no_bytes() {
         let tun = MemoryTun::new("wl-hs", |_| {}, None).unwrap();
         let iface = Interface::new(
             Box::new(tun),
@@ -215,7 +225,11 @@ mod tests {
             148,
             "the replay adds nothing"
         );
-        assert_eq!(dh(), 6, "es and ss, then the timestamp refused it");
+        assert_eq!(
+            dh(),
+            6,
+            "es and ss (kept from the first), then the timestamp refused it"
+        );
         assert_eq!(iface.stats.total(|s| &s.handshake_failed), 1);
     }
 }

@@ -117,6 +117,11 @@ impl OuterVerdicts {
         })
     }
 
+    /// Forgets every verdict (the peers' endpoints changed).
+    pub(crate) fn clear(&self) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Default::default();
+    }
+
     /// Keeps `verdict` on `to` in place of the oldest entry.
     fn put(&self, to: SocketAddr, verdict: bool, now: Duration) {
         let mut v = self.0.lock().unwrap_or_else(|p| p.into_inner());

@@ -497,7 +497,8 @@ fn measure(which: Impl, spec: &StarSpec, rec: &mut StarRecord) -> Result<()> {
             std::thread::sleep(start.saturating_duration_since(Instant::now()));
             sink::send_inner(n, family, size, pps, Duration::from_secs_f64(secs))
         });
-        inner_sent = Some(crate::workload::join(h)?);
+        // Kept, not returned yet: the generator, sink and storm are joined first.
+        inner_sent = Some(crate::workload::join(h));
         stop.store(true, Ordering::Release);
     }
     let outcome = crate::workload::join(generator);
@@ -526,6 +527,7 @@ fn measure(which: Impl, spec: &StarSpec, rec: &mut StarRecord) -> Result<()> {
         rec.storm_during = crate::workload::join(h)?;
     }
     let (outcome, sunk, counters) = (outcome?, sunk.transpose()?, counters?);
+    let inner_sent = inner_sent.transpose()?;
     if let Some(h) = rss_sampler {
         rec.rss_kib_each_s = h.join().unwrap_or_default();
     }
