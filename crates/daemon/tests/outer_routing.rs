@@ -251,6 +251,36 @@ fn a_rule_on_the_tunnels_port_keeps_the_chosen_source() {
     assert_eq!(Rig::endpoint(&r.d2), format!("{}\t10.0.0.3:1", r.k1.public));
 }
 
+/// A policy rule added after the sticky source was learnt sends the replies another
+/// way: the source is checked again and follows the route, as after a route change
+/// (the kernel flushes its route cache on a rule change too).
+#[test]
+fn a_new_rule_takes_over_as_a_new_route_does() {
+    let r = Rig::new();
+    let (veth3, veth4) = (unique("vs"), unique("vs"));
+    sh_ok(&format!(
+        "ip link add {veth3} netns {} type veth peer name {veth4} netns {}",
+        r.ns1.name, r.ns2.name
+    ));
+    r.veth_up(&["10.0.0.1/24"], &["10.0.0.2/24"]);
+    r.ns1.run_ok(&format!(
+        "ip addr add 10.0.0.3/24 dev {veth3} nodad && ip link set {veth3} up && \
+         ip route del 10.0.0.0/24 dev {veth3} && \
+         ip route add 10.0.0.0/24 dev {veth3} src 10.0.0.3 table 100 && \
+         sysctl -qw net.ipv4.conf.all.rp_filter=0 net.ipv4.conf.{0}.rp_filter=0",
+        r.veth1
+    ));
+    r.ns2.run_ok(&format!(
+        "ip link set {veth4} up && \
+         sysctl -qw net.ipv4.conf.{veth4}.rp_filter=0 net.ipv4.conf.all.rp_filter=0"
+    ));
+    r.d1.wg(&format!("set IF peer {} endpoint 10.0.0.2:2", r.k2.public));
+    Rig::ping(&r.ns1, "192.168.241.2");
+    assert_eq!(Rig::endpoint(&r.d2), format!("{}\t10.0.0.1:1", r.k1.public));
+    r.ns1.run_ok("ip rule add to 10.0.0.2 lookup 100");
+    Rig::ping_until_endpoint(&r.ns1, "192.168.241.2", &r.d2, "10.0.0.3:1");
+}
+
 /// A peer's endpoint routed through the tunnel itself: every outer datagram comes back
 /// into the TUN. Encapsulated again, it would loop for ever; it is dropped instead, so
 /// a flood of ten pings sends a bounded number of bytes (the kernel selftest allows

@@ -135,6 +135,8 @@ impl NetWatch {
         let mut refresh = false;
         let mut routes_changed = false;
         for e in events {
+            // Any change here, a rule's included, may change a datagram's route: the
+            // sticky sources are checked again (`source_usable`).
             changed_here |= e.nsid.is_none();
             // Any link change may be the device moving or changing its MTU; address
             // changes matter where the device lives.

@@ -35,6 +35,8 @@ const RTM_DELADDR: u16 = 21;
 const RTM_GETADDR: u16 = 22;
 const RTM_NEWROUTE: u16 = 24;
 const RTM_DELROUTE: u16 = 25;
+const RTM_NEWRULE: u16 = 32;
+const RTM_DELRULE: u16 = 33;
 const RTM_GETROUTE: u16 = 26;
 const RTM_NEWNSID: u16 = 88;
 const RTM_GETNSID: u16 = 90;
@@ -65,6 +67,9 @@ const RTMGRP_IPV4_IFADDR: u32 = 0x10;
 const RTMGRP_IPV4_ROUTE: u32 = 0x40;
 const RTMGRP_IPV6_IFADDR: u32 = 0x100;
 const RTMGRP_IPV6_ROUTE: u32 = 0x400;
+/// Policy rules' groups (RTNLGRP_IPV4_RULE 8, RTNLGRP_IPV6_RULE 19).
+const RTMGRP_IPV4_RULE: u32 = 1 << (8 - 1);
+const RTMGRP_IPV6_RULE: u32 = 1 << (19 - 1);
 const SOL_NETLINK: libc::c_int = 270;
 const NETLINK_LISTEN_ALL_NSID: libc::c_int = 8;
 const NETLINK_GET_STRICT_CHK: libc::c_int = 12;
@@ -511,6 +516,8 @@ pub enum Change {
     Link,
     Address,
     Route,
+    /// A policy rule (`ip rule`) was added or removed.
+    Rule,
     /// Notifications were lost (the socket's buffer overflowed): anything may have
     /// changed.
     Unknown,
@@ -538,11 +545,16 @@ impl Monitor {
     /// Opens the monitor. Listening to other namespaces needs CAP_NET_BROADCAST at this
     /// moment only; without it the monitor sees its own namespace.
     pub fn open() -> io::Result<Monitor> {
+        // Rules too: `ip rule` changes which route a datagram takes as surely as a
+        // route does (the kernel flushes its route cache on either), and with it which
+        // sticky source is still usable.
         let groups = RTMGRP_LINK
             | RTMGRP_IPV4_IFADDR
             | RTMGRP_IPV6_IFADDR
             | RTMGRP_IPV4_ROUTE
-            | RTMGRP_IPV6_ROUTE;
+            | RTMGRP_IPV6_ROUTE
+            | RTMGRP_IPV4_RULE
+            | RTMGRP_IPV6_RULE;
         let fd = socket(groups)?;
         let one: libc::c_int = 1;
         // SAFETY: a c_int option of its exact size.
@@ -610,6 +622,7 @@ impl Monitor {
                     RTM_NEWLINK | RTM_DELLINK => Change::Link,
                     RTM_NEWADDR | RTM_DELADDR => Change::Address,
                     RTM_NEWROUTE | RTM_DELROUTE => Change::Route,
+                    RTM_NEWRULE | RTM_DELRULE => Change::Rule,
                     _ => continue,
                 };
                 let route = (change == Change::Route)
