@@ -487,6 +487,10 @@ impl Matrix {
                     if !(16..=65000).contains(size) {
                         return Err(format!("matrix: udp size {size} must be 16..=65000").into());
                     }
+                    // One stream, one way: "both" would run a→b and be labelled a⇄b.
+                    if direction.contains(&Direction::Both) {
+                        return Err("matrix: a udp workload runs one way: a→b or b→a".into());
+                    }
                     for &d in direction {
                         cells.push(Cell::Udp {
                             size: *size,
@@ -695,6 +699,13 @@ impairment = { loss = 1.5, delay_ms = 5, jitter_ms = 1 }
             (
                 M.replace("duration_s = 2", "duration_s = 2\ncolour = 1"),
                 "unknown field",
+            ),
+            (
+                M.replace(
+                    "kind = \"udp\"\n",
+                    "kind = \"udp\"\ndirection = [\"both\"]\n",
+                ),
+                "one way",
             ),
         ] {
             let e = Matrix::parse(&bad).err().expect(needle).to_string();

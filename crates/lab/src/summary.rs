@@ -303,13 +303,20 @@ fn receiver_sigs(r: &RunRecord) -> Option<crate::signatures::Signatures> {
         .iter()
         .filter(|s| side.is_none_or(|side| s.side == side));
     let mut sum = all.next()?.clone();
+    // Threads by side and name: both hosts run threads of the same names, each its
+    // own; a side's several interfaces share their process's.
+    let mut seen: Vec<(String, String)> = (sum.threads.iter())
+        .map(|t| (sum.side.clone(), t.name.clone()))
+        .collect();
     for s in all {
         sum.invocations += s.invocations;
         sum.packets += s.packets;
         sum.empty_polls += s.empty_polls;
         sum.head_pending += s.head_pending;
         for t in &s.threads {
-            if !sum.threads.iter().any(|u| u.name == t.name) {
+            let key = (s.side.clone(), t.name.clone());
+            if !seen.contains(&key) {
+                seen.push(key);
                 sum.threads.push(t.clone());
             }
         }

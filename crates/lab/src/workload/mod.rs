@@ -25,6 +25,16 @@ pub fn in_ns<T: Send + 'static>(
     })
 }
 
+/// A helper thread of a workload (a stream's reader or writer), started in the caller's
+/// namespace, whose CPU and run-queue wait count with the applications' as it ends.
+pub fn spawn_counted<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> JoinHandle<T> {
+    std::thread::spawn(move || {
+        let out = f();
+        crate::cpu::add_finished_workload_thread();
+        out
+    })
+}
+
 pub fn join<T>(h: JoinHandle<Result<T>>) -> Result<T> {
     h.join().map_err(|_| "workload thread panicked")?
 }

@@ -47,7 +47,7 @@ fn total_retrans(s: &TcpStream) -> u64 {
 /// The seconds a transfer's bytes are divided by: from the first read to the last,
 /// but never less than the `dur` the senders were given, so a stream that stalled or
 /// ended early shows the rate it achieved over the run, not over the part it ran.
-fn transfer_secs(first: Option<Instant>, last: Option<Instant>, dur: Duration) -> f64 {
+pub(super) fn transfer_secs(first: Option<Instant>, last: Option<Instant>, dur: Duration) -> f64 {
     match (first, last) {
         (Some(f), Some(l)) => (l - f).max(dur).as_secs_f64(),
         _ => dur.as_secs_f64(),
@@ -71,7 +71,7 @@ pub fn bulk(
         for _ in 0..streams {
             let mut s = super::accept_until(&l, deadline)?;
             s.set_read_timeout(Some(Duration::from_secs(10)))?;
-            readers.push(std::thread::spawn(
+            readers.push(super::spawn_counted(
                 move || -> (u64, u64, Option<Instant>, Option<Instant>) {
                     let mut buf = vec![0u8; 256 * 1024];
                     let expected = vec![FILL; buf.len()];
@@ -122,7 +122,7 @@ pub fn bulk(
         for _ in 0..streams {
             let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(10))?;
             s.set_write_timeout(Some(Duration::from_secs(5)))?;
-            writers.push(std::thread::spawn(move || -> Result<u64> {
+            writers.push(super::spawn_counted(move || -> Result<u64> {
                 let buf = vec![FILL; 128 * 1024];
                 let end = Instant::now() + dur;
                 while Instant::now() < end {

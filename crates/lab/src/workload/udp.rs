@@ -177,10 +177,9 @@ pub fn stream(
                 }
             }
         }
-        let secs = match (first, last) {
-            (Some(f), Some(l)) if l > f => (l - f).as_secs_f64(),
-            _ => dur.as_secs_f64(),
-        };
+        // At least the stream's length, as for TCP: a tunnel that stops delivering
+        // partway must not report its rate over the part it delivered in.
+        let secs = super::tcp::transfer_secs(first, last, dur);
         let drops = wirelane_io::udp::socket_drops(s.as_raw_fd())?;
         Ok((t, corrupted, secs, drops.into()))
     });
