@@ -93,6 +93,17 @@ impl Rig {
         panic!("endpoint {seen:?}, expected {want}");
     }
 
+    /// A second veth pair between the two namespaces, down and without addresses:
+    /// (ns1's end, ns2's end).
+    fn second_link(&self) -> (String, String) {
+        let (veth3, veth4) = (unique("vs"), unique("vs"));
+        sh_ok(&format!(
+            "ip link add {veth3} netns {} type veth peer name {veth4} netns {}",
+            self.ns1.name, self.ns2.name
+        ));
+        (veth3, veth4)
+    }
+
     fn veth_up(&self, addrs1: &[&str], addrs2: &[&str]) {
         for (ns, dev, addrs) in [
             (&self.ns1, &self.veth1, addrs1),
@@ -191,11 +202,7 @@ fn inbound_destination_on_another_interface() {
 #[test]
 fn a_new_preferred_route_takes_over() {
     let r = Rig::new();
-    let (veth3, veth4) = (unique("vs"), unique("vs"));
-    sh_ok(&format!(
-        "ip link add {veth3} netns {} type veth peer name {veth4} netns {}",
-        r.ns1.name, r.ns2.name
-    ));
+    let (veth3, veth4) = r.second_link();
     r.veth_up(&["10.0.0.1/24"], &["10.0.0.2/24"]);
     r.ns1.run_ok(&format!(
         "ip addr add 10.0.0.3/24 dev {veth3} && ip link set {veth3} up"
@@ -228,11 +235,7 @@ fn a_new_preferred_route_takes_over() {
 #[test]
 fn a_rule_on_the_tunnels_port_keeps_the_chosen_source() {
     let r = Rig::new();
-    let (veth3, veth4) = (unique("vs"), unique("vs"));
-    sh_ok(&format!(
-        "ip link add {veth3} netns {} type veth peer name {veth4} netns {}",
-        r.ns1.name, r.ns2.name
-    ));
+    let (veth3, veth4) = r.second_link();
     r.veth_up(&["10.0.0.1/24"], &["10.0.0.2/24"]);
     r.ns1.run_ok(&format!(
         "ip addr add 10.0.0.3/24 dev {veth3} nodad && ip addr add 10.0.0.4/24 dev {veth3} nodad && \
@@ -257,11 +260,7 @@ fn a_rule_on_the_tunnels_port_keeps_the_chosen_source() {
 #[test]
 fn a_new_rule_takes_over_as_a_new_route_does() {
     let r = Rig::new();
-    let (veth3, veth4) = (unique("vs"), unique("vs"));
-    sh_ok(&format!(
-        "ip link add {veth3} netns {} type veth peer name {veth4} netns {}",
-        r.ns1.name, r.ns2.name
-    ));
+    let (veth3, veth4) = r.second_link();
     r.veth_up(&["10.0.0.1/24"], &["10.0.0.2/24"]);
     r.ns1.run_ok(&format!(
         "ip addr add 10.0.0.3/24 dev {veth3} nodad && ip link set {veth3} up && \

@@ -4,19 +4,10 @@ use super::*;
 use crate::fq_codel::QueuePolicy;
 use crate::memory::MemoryTun;
 use crate::packet::Packet;
-use crate::sched::{Crypt, Scheduler, Serial};
+use crate::sched::Idle;
 use crate::stages::nonce::{assign_and_enqueue, Budget};
 use std::net::{IpAddr, Ipv4Addr};
 use wirelane_io::udp::LocalAddr;
-
-/// Runs nothing: these tests look at the peers' state, not at packets moving.
-struct Idle;
-
-impl Scheduler for Idle {
-    fn submit_crypt(&self, _: Crypt<'_>) {}
-    fn schedule_serial(&self, _: Serial<'_>) {}
-    fn submit_handshake(&self, _: &Arc<Interface>) {}
-}
 
 fn interface() -> Arc<Interface> {
     let tun = MemoryTun::new("wl-cfg", |_| {}, None).unwrap();

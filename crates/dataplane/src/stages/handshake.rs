@@ -161,19 +161,10 @@ mod tests {
     use crate::fq_codel::QueuePolicy;
     use crate::interface::Interface;
     use crate::memory::MemoryTun;
-    use crate::sched::{Crypt, Scheduler, Serial};
+    use crate::sched::Idle;
     use crate::sockets::Sockets;
-    use std::sync::Arc;
     use wirelane_proto::handshake::Handshake;
     use wirelane_proto::LocalIdentity;
-
-    struct Idle;
-
-    impl Scheduler for Idle {
-        fn submit_crypt(&self, _: Crypt<'_>) {}
-        fn schedule_serial(&self, _: Serial<'_>) {}
-        fn submit_handshake(&self, _: &Arc<Interface>) {}
-    }
 
     /// A replayed initiation (from any source) is refused after its first
     /// Diffie-Hellman and its timestamp, and adds nothing to what the peer is shown to
