@@ -3,7 +3,7 @@
 //! own. Source addresses (its "saddr" block): replies leave from the address the
 //! peer's packets arrived at (reply to sender), that address is sticky, but not past
 //! its removal or past a newer route taking over. And a routing loop, the tunnel's
-//! outer traffic routed into itself, stays bounded.
+//! outer traffic routed into itself, stays bounded; and a link set down sends nothing.
 //!
 //! Topology: two namespaces, each with a wirelane tunnel (192.168.241.1 and .2) and
 //! one end of a veth pair whose addresses each test sets.
@@ -386,6 +386,37 @@ fn traffic_from_the_listen_port_to_a_host_behind_the_tunnel_is_carried() {
     assert_eq!(got, b"lan");
     assert_eq!(from, "192.168.241.1:1".parse().unwrap());
     assert_eq!(uapi_stat(&r.d1.ifname, "tx_routing_loop"), 0);
+}
+
+/// `ip link set down` stops the tunnel as the kernel's `wg_stop` does: its sessions go
+/// and nothing leaves while it is down, a persistent keepalive's included; set up
+/// again, the keepalive begins a new handshake and traffic flows.
+#[test]
+fn a_link_set_down_sends_nothing_and_up_starts_again() {
+    let r = Rig::new();
+    r.veth_up(&["10.0.0.1/24"], &["10.0.0.2/24"]);
+    r.d1.wg(&format!(
+        "set IF peer {} endpoint 10.0.0.2:2 persistent-keepalive 1",
+        r.k2.public
+    ));
+    Rig::ping(&r.ns1, "192.168.241.2");
+    let peer = |d: &Daemon| d.dump_peers().remove(0);
+    r.ns1.run_ok(&format!("ip link set {} down", r.d1.ifname));
+    // The daemon hears of it from rtnetlink, on another thread: a moment.
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let before = peer(&r.d1);
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    assert_eq!(peer(&r.d1).tx, before.tx, "keepalives left while down");
+    r.ns1.run_ok(&format!("ip link set {} up", r.d1.ifname));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    while peer(&r.d1).latest_handshake <= before.latest_handshake {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no new handshake after up"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    Rig::ping(&r.ns1, "192.168.241.2");
 }
 
 /// One counter of the daemon's `stats=1` answer.

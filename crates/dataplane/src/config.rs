@@ -148,6 +148,35 @@ pub struct DeviceSnapshot {
 
 /// Applies a validated update to `c.iface` (see the module comment); peers that join or
 /// leave are announced to the scheduler.
+/// The device was set down after it was up (`up` false), or up again (`up` true), as
+/// the kernel's `wg_stop` and `wg_open` take it. Down: every peer's sessions,
+/// handshake and timers go and what it had staged is dropped; while down nothing is
+/// sent and handshake messages are not answered (`NetWatch::is_down`; the kernel closes
+/// its sockets, wirelane keeps its port). Up: each peer sends what it staged since, and
+/// a peer with a persistent keepalive sends one, which begins its handshake.
+pub fn link_changed(c: StageCtx<'_>, up: bool) {
+    let peers: Vec<Arc<Peer>> = c.iface.table().by_id.values().cloned().collect();
+    for p in peers {
+        if up {
+            let keepalive = p.state().persistent_keepalive() > 0;
+            send_staged(c, &p, keepalive);
+            continue;
+        }
+        let staged = p.take_staged().len() as u64;
+        if staged > 0 {
+            c.iface
+                .stats
+                .tx_dropped
+                .fetch_add(staged, Ordering::Relaxed);
+        }
+        step(c, &p, |st, ctx, _out| st.interface_down(ctx));
+    }
+    match up {
+        true => tracing::info!("interface up: peers send again"),
+        false => tracing::info!("interface down: sessions cleared, nothing sent until up"),
+    }
+}
+
 pub fn apply(c: StageCtx<'_>, update: &DeviceUpdate) -> Result<(), ApplyError> {
     c.iface.apply(c, update)
 }

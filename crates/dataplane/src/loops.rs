@@ -188,7 +188,13 @@ pub fn timer_loop(
             Ok(Ready::Readable) => {
                 let events = monitor.map(Monitor::drain).unwrap_or_default();
                 for iface in list() {
-                    iface.netwatch.handle(&events, iface.tun.as_tun());
+                    if let Some(up) = iface.netwatch.handle(&events, iface.tun.as_tun()) {
+                        let c = StageCtx {
+                            iface: &iface,
+                            sched,
+                        };
+                        stages::contained(&iface, "link", || crate::config::link_changed(c, up));
+                    }
                 }
             }
             Ok(Ready::Timeout) => {}

@@ -4,6 +4,8 @@
 //! - where the TUN device lives (it may be moved to another namespace while its
 //!   sockets stay here, the container pattern), its MTU and its addresses;
 //! - the routes through it that carry an MTU of their own, which padding follows;
+//! - whether the device is up: set down after it was up (`ip link set down`), the
+//!   interface stops as the kernel's `wg_stop` does (`config::link_changed`);
 //! - a generation number of the sockets' namespace's addresses and routes, which tells
 //!   a peer's sticky source (the local address its packets arrive at) when it must be
 //!   checked again, as kernel WireGuard re-checks `src4` and `src_if4` on a route
@@ -18,7 +20,7 @@
 
 use std::collections::HashSet;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use wirelane_io::netlink::{Change, Event, Route, Rtnl};
 use wirelane_io::tun::Tun;
@@ -55,7 +57,17 @@ pub struct NetWatch {
     /// its routes: every route through it there was added, and announced, after.
     mtu_route_list: Mutex<Vec<(Option<i32>, Route)>>,
     host_addrs: Mutex<HostAddrs>,
+    /// The device's administrative state: [`NEVER_UP`], [`UP`] or [`DOWN`]. Written by
+    /// the timer thread alone (`refresh_tun`).
+    admin: AtomicU8,
 }
+
+/// Not up since it was made: a new device is down until `ip link set up`, and a
+/// tunnel configured before that (as wg-quick configures it) runs as it always did.
+const NEVER_UP: u8 = 0;
+const UP: u8 = 1;
+/// Set down after it was up.
+const DOWN: u8 = 2;
 
 impl NetWatch {
     /// Opens a netlink request socket and reads the device's state. Without netlink the
@@ -77,8 +89,9 @@ impl NetWatch {
             mtu_routes: RwLock::new(None),
             mtu_route_list: Mutex::default(),
             host_addrs: Mutex::default(),
+            admin: AtomicU8::new(NEVER_UP),
         };
-        watch.refresh_tun(tun);
+        let _ = watch.refresh_tun(tun);
         watch
     }
 
@@ -91,6 +104,29 @@ impl NetWatch {
             mtu_routes: RwLock::new(None),
             mtu_route_list: Mutex::default(),
             host_addrs: Mutex::default(),
+            admin: AtomicU8::new(NEVER_UP),
+        }
+    }
+
+    /// Whether the device was set down after it was up: the interface is stopped.
+    pub fn is_down(&self) -> bool {
+        self.admin.load(Ordering::Relaxed) == DOWN
+    }
+
+    /// Records the device's administrative state; Some(up) when it went up after it
+    /// was set down, or down after it was up.
+    fn note_admin(&self, up: bool) -> Option<bool> {
+        let prev = self.admin.load(Ordering::Relaxed);
+        let next = match (prev, up) {
+            (_, true) => UP,
+            (NEVER_UP, false) => NEVER_UP,
+            (_, false) => DOWN,
+        };
+        self.admin.store(next, Ordering::Relaxed);
+        match (prev, next) {
+            (UP, DOWN) => Some(false),
+            (DOWN, UP) => Some(true),
+            _ => None,
         }
     }
 
@@ -127,9 +163,10 @@ impl NetWatch {
     }
 
     /// Follows a batch of notifications (the runtime's timer thread drains its
-    /// monitor and hands every interface the same batch).
-    pub fn handle(&self, events: &[Event], tun: Option<&Tun>) {
-        let Some(tun) = tun else { return };
+    /// monitor and hands every interface the same batch); Some(up) when the device
+    /// went down after it was up, or up again after that (`note_admin`).
+    pub fn handle(&self, events: &[Event], tun: Option<&Tun>) -> Option<bool> {
+        let tun = tun?;
         let tun_nsid = self.tun.lock().unwrap_or_else(|p| p.into_inner()).nsid;
         let mut changed_here = false;
         let mut refresh = false;
@@ -150,10 +187,12 @@ impl NetWatch {
             self.generation.fetch_add(1, Ordering::AcqRel);
         }
         if refresh {
-            self.refresh_tun(tun);
-        } else if routes_changed {
+            return self.refresh_tun(tun);
+        }
+        if routes_changed {
             self.rebuild_mtu_routes();
         }
+        None
     }
 
     /// Follows one route notification in the list of MTU routes; true if it changed.
@@ -196,9 +235,10 @@ impl NetWatch {
     }
 
     /// Reads where the device lives now, its MTU, addresses and MTU routes.
-    fn refresh_tun(&self, tun: &Tun) {
-        let Some(rtnl) = &self.rtnl else { return };
+    fn refresh_tun(&self, tun: &Tun) -> Option<bool> {
+        let rtnl = self.rtnl.as_ref()?;
         let rtnl = rtnl.lock().unwrap_or_else(|p| p.into_inner());
+        let mut up = None;
         let located = (|| -> std::io::Result<TunView> {
             let nsid = if tun.in_own_netns()? {
                 None
@@ -207,6 +247,7 @@ impl NetWatch {
             };
             let link = rtnl.link(nsid, &tun.current_name()?)?;
             self.mtu.store(link.mtu, Ordering::Relaxed);
+            up = Some(link.up);
             Ok(TunView {
                 nsid,
                 ifindex: link.ifindex,
@@ -216,7 +257,10 @@ impl NetWatch {
         let view = match located {
             Ok(v) => v,
             // The device is being deleted; the TUN reader notices and stops.
-            Err(e) => return tracing::debug!(error = %e, "interface state not read"),
+            Err(e) => {
+                tracing::debug!(error = %e, "interface state not read");
+                return None;
+            }
         };
         // Route dumps cannot name another namespace; there the notifications keep the
         // list (see `mtu_route_list`).
@@ -232,6 +276,7 @@ impl NetWatch {
         drop(rtnl);
         *self.tun.lock().unwrap_or_else(|p| p.into_inner()) = view;
         self.rebuild_mtu_routes();
+        up.and_then(|up| self.note_admin(up))
     }
 
     /// Whether a peer may keep sending from `local` to `endpoint`: the address must

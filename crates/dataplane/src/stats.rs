@@ -201,6 +201,9 @@ counters! {
     /// Handshake messages that arrived while the interface had no private key (nothing
     /// could answer them), or whose key was removed before they were handled.
     handshake_no_identity,
+    /// Handshake messages that arrived while the interface was set down (not answered,
+    /// as the kernel's closed sockets answer nothing).
+    handshake_while_down,
     /// Handshakes completed here: initiations answered with a response, and responses
     /// consumed (each derives a new keypair; a rekey counts once per side).
     handshakes_completed,
@@ -273,6 +276,7 @@ pub const DROP_REASONS: &[&str] = &[
     "handshake_rate_limited",
     "handshake_failed",
     "handshake_no_identity",
+    "handshake_while_down",
     "cookie_replies_unsent",
     "cookie_replies_refused",
     "crypt_panic_dropped",

@@ -234,6 +234,8 @@ fn recv(fd: RawFd, buf: &mut [u8], flags: libc::c_int) -> io::Result<usize> {
 pub struct Link {
     pub ifindex: u32,
     pub mtu: u32,
+    /// Administratively up (`IFF_UP`).
+    pub up: bool,
 }
 
 /// A route, as much of it as a tunnel asks about: where to, by which device, in which
@@ -471,11 +473,17 @@ fn is_multipart(b: &[u8]) -> bool {
 }
 
 fn parse_link(body: &[u8]) -> Option<Link> {
+    // struct ifinfomsg: family, pad, type (2), index (4), flags (4), change (4).
     let ifindex = u32_of(body.get(4..8)?)?;
+    let flags = u32_of(body.get(8..12)?)?;
     let mtu = attrs(body.get(IFINFOMSG..)?)
         .find(|(k, _)| *k == IFLA_MTU)
         .and_then(|(_, d)| u32_of(d))?;
-    Some(Link { ifindex, mtu })
+    Some(Link {
+        ifindex,
+        mtu,
+        up: flags & libc::IFF_UP as u32 != 0,
+    })
 }
 
 /// Reads a route message. Routes of every kind are read; the caller keeps those it

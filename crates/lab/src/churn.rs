@@ -282,7 +282,13 @@ pub fn updown_scenario(cycles: usize) -> Result<UpDownOutcome> {
             .ns
             .run(&format!("ip link set {b_if} down && ip link set {b_if} up"))?;
     }
-    // Routes of the interface's address return with it; traffic must flow again.
+    // Routes of the interface's address return with it; traffic must flow again. Set
+    // down, b forgot its sessions (as the kernel's `wg_stop` does), while a still holds
+    // its own: a's packets are refused until a handshake, which b's first packet
+    // begins (a would begin one itself only after 15 s of unanswered data).
+    bed.hosts[1]
+        .ns
+        .run(&format!("ping -c 1 -W 5 {}", tun.addr_a))?;
     let t = tcp::bulk(&a, &b, tun.addr_b, 1, Duration::from_millis(500))?;
     o.works_after = t.bytes > 0 && t.corrupt_bytes == 0;
     o.after = fds_and_threads(pid)?;

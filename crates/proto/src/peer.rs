@@ -536,6 +536,17 @@ impl PeerState {
         }
     }
 
+    /// The interface went down (`ip link set down`): every session and handshake goes,
+    /// and no timer runs until something new arms one, as the kernel's `wg_stop` leaves
+    /// a peer. What was staged is the caller's to drop.
+    pub fn interface_down(&mut self, ctx: &mut Ctx) {
+        self.zero_key_material(ctx);
+        self.timers.clear();
+        self.handshake_attempts = 0;
+        self.resendable = None;
+        self.last_sent_handshake = None;
+    }
+
     /// Our private key changed: sessions derived from the old key may not send anymore.
     pub fn local_identity_changed(&mut self, ctx: &mut Ctx) {
         if let Some(i) = self.handshake.local_identity_changed() {

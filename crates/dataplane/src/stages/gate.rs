@@ -54,6 +54,13 @@ pub fn admit(
     replies: &mut Replies,
 ) {
     let dev = c.iface;
+    // Set down, the interface answers nothing (`config::link_changed`).
+    if dev.netwatch.is_down() {
+        dev.stats
+            .handshake_while_down
+            .fetch_add(1, Ordering::Relaxed);
+        return;
+    }
     let queue = |kind| {
         if dev.queue_handshake(kind, bytes, src, local) {
             c.sched.submit_handshake(dev);

@@ -79,6 +79,10 @@ pub fn send_to_peer(c: StageCtx<'_>, peer: &Peer, bytes: &[u8]) {
         iface.stats.tx_no_endpoint.fetch_add(1, Ordering::Relaxed);
         return;
     };
+    // Set down, the interface sends nothing (the kernel's has closed its sockets).
+    if iface.netwatch.is_down() {
+        return;
+    }
     let src = iface.source_for(peer, ep);
     let sockets = iface.sockets();
     let sent = sockets
