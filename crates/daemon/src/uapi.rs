@@ -111,6 +111,7 @@ impl Drop for SetHeld {
         SET_BYTES_HELD.fetch_sub(self.0, std::sync::atomic::Ordering::Relaxed);
     }
 }
+
 /// How long one request may take to arrive and its answer to leave: a client that
 /// trickles a byte at a time, or never reads its answer, holds one of the few
 /// connection slots no longer than this. A `set` of 10^5 peers arrives in about a

@@ -146,8 +146,6 @@ pub struct DeviceSnapshot {
     pub peers: Vec<PeerSnapshot>,
 }
 
-/// Applies a validated update to `c.iface` (see the module comment); peers that join or
-/// leave are announced to the scheduler.
 /// The device was set down after it was up (`up` false), or up again (`up` true), as
 /// the kernel's `wg_stop` and `wg_open` take it. Down: every peer's sessions,
 /// handshake and timers go and what it had staged is dropped; while down nothing is
@@ -177,6 +175,8 @@ pub fn link_changed(c: StageCtx<'_>, up: bool) {
     }
 }
 
+/// Applies a validated update to `c.iface` (see the module comment); peers that join or
+/// leave are announced to the scheduler.
 pub fn apply(c: StageCtx<'_>, update: &DeviceUpdate) -> Result<(), ApplyError> {
     c.iface.apply(c, update)
 }
