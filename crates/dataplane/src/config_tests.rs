@@ -1,19 +1,11 @@
 //! What applying a configuration does beyond storing it, as the kernel does it.
 
 use super::*;
-use crate::fq_codel::QueuePolicy;
-use crate::memory::MemoryTun;
 use crate::packet::Packet;
 use crate::sched::Idle;
 use crate::stages::nonce::{assign_and_enqueue, Budget};
 use std::net::{IpAddr, Ipv4Addr};
 use wirelane_io::udp::LocalAddr;
-
-fn interface() -> Arc<Interface> {
-    let tun = MemoryTun::new("wl-cfg", |_| {}, None).unwrap();
-    let sockets = Sockets::bind(0, 0).unwrap();
-    Interface::new(Box::new(tun), sockets, QueuePolicy::default()).unwrap()
-}
 
 /// A peer at the discard port of loopback, where an initiation goes nowhere.
 fn peer_update(endpoint: SocketAddr) -> PeerUpdate {
@@ -25,7 +17,7 @@ fn peer_update(endpoint: SocketAddr) -> PeerUpdate {
 
 #[test]
 fn a_new_fwmark_or_endpoint_forgets_the_peers_source() {
-    let iface = interface();
+    let iface = Interface::for_tests();
     let c = StageCtx {
         iface: &iface,
         sched: &Idle,
@@ -62,7 +54,7 @@ fn a_new_fwmark_or_endpoint_forgets_the_peers_source() {
 
 #[test]
 fn packets_staged_without_a_private_key_begin_a_handshake_when_it_comes() {
-    let iface = interface();
+    let iface = Interface::for_tests();
     let c = StageCtx {
         iface: &iface,
         sched: &Idle,

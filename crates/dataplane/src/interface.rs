@@ -562,6 +562,17 @@ impl Interface {
     }
 }
 
+/// An interface on an in-memory TUN, with real sockets on an ephemeral port and the
+/// default queues: what the unit tests that drive one stage need.
+#[cfg(test)]
+impl Interface {
+    pub(crate) fn for_tests() -> Arc<Interface> {
+        let tun = crate::memory::MemoryTun::new("wl-test", |_| {}, None).unwrap();
+        let sockets = Sockets::bind(0, 0).unwrap();
+        Interface::new(Box::new(tun), sockets, QueuePolicy::default()).unwrap()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

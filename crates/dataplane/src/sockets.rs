@@ -83,13 +83,15 @@ fn steering() -> Steering {
     }
 }
 
+/// Whether a datagram to `dst` leaves by an IPv6 socket: an IPv4-mapped address goes
+/// by the IPv4 one (the IPv6 sockets are IPv6-only).
+fn sent_over_v6(dst: &SocketAddr) -> bool {
+    matches!(dst, SocketAddr::V6(a) if a.ip().to_ipv4_mapped().is_none())
+}
+
 impl Sockets {
     pub fn for_destination(&self, dst: &SocketAddr) -> Option<&Arc<dyn UdpPort>> {
-        match dst {
-            SocketAddr::V4(_) => self.v4.as_ref(),
-            SocketAddr::V6(a) if a.ip().to_ipv4_mapped().is_some() => self.v4.as_ref(),
-            SocketAddr::V6(_) => self.v6.as_ref(),
-        }
+        self.for_reader(sent_over_v6(dst), SocketRole::Data)
     }
 
     /// The socket a handshake message to `dst` leaves by: the family's handshake
@@ -98,11 +100,7 @@ impl Sockets {
     /// wait for room) never makes an initiation or a response fail with EAGAIN, where
     /// the kernel's WireGuard, with an unbounded send buffer, would have sent it.
     pub fn for_handshake_to(&self, dst: &SocketAddr) -> Option<&Arc<dyn UdpPort>> {
-        let own = match dst {
-            SocketAddr::V4(_) => self.hs4.as_ref(),
-            SocketAddr::V6(a) if a.ip().to_ipv4_mapped().is_some() => self.hs4.as_ref(),
-            SocketAddr::V6(_) => self.hs6.as_ref(),
-        };
+        let own = self.for_reader(sent_over_v6(dst), SocketRole::Handshake);
         own.or_else(|| self.for_destination(dst))
     }
 
@@ -268,13 +266,7 @@ mod tests {
     /// the counter never goes down.
     #[test]
     fn kernel_drops_survive_a_rebind() {
-        let tun = MemoryTun::new("wl-test", |_| {}, None).unwrap();
-        let iface = Interface::new(
-            Box::new(tun),
-            Sockets::bind(0, 0).unwrap(),
-            QueuePolicy::default(),
-        )
-        .unwrap();
+        let iface = Interface::for_tests();
         let to = SocketAddr::from(([127, 0, 0, 1], iface.sockets().port));
         let sender = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
         // Data messages (type 4) nobody reads, until the receive buffer overflows.

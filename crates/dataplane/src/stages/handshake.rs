@@ -158,11 +158,8 @@ fn consume_cookie_reply(c: StageCtx<'_>, job: &HandshakeJob) {
 mod tests {
     use super::*;
     use crate::config::{apply, DeviceUpdate, PeerUpdate};
-    use crate::fq_codel::QueuePolicy;
     use crate::interface::Interface;
-    use crate::memory::MemoryTun;
     use crate::sched::Idle;
-    use crate::sockets::Sockets;
     use wirelane_proto::handshake::Handshake;
     use wirelane_proto::LocalIdentity;
 
@@ -171,13 +168,7 @@ mod tests {
     /// have sent: only an authenticated message counts as received, as in the kernel.
     #[test]
     fn a_replayed_initiation_counts_no_bytes() {
-        let tun = MemoryTun::new("wl-hs", |_| {}, None).unwrap();
-        let iface = Interface::new(
-            Box::new(tun),
-            Sockets::bind(0, 0).unwrap(),
-            QueuePolicy::default(),
-        )
-        .unwrap();
+        let iface = Interface::for_tests();
         let c = StageCtx {
             iface: &iface,
             sched: &Idle,

@@ -290,11 +290,8 @@ fn enqueue_after_staged(
 mod tests {
     use super::*;
     use crate::budget::Budgets;
-    use crate::fq_codel::QueuePolicy;
     use crate::interface::Interface;
-    use crate::memory::MemoryTun;
     use crate::sched::{Scheduler, Serial};
-    use crate::sockets::Sockets;
     use std::panic::{catch_unwind, AssertUnwindSafe};
     use std::sync::atomic::AtomicUsize;
 
@@ -316,9 +313,7 @@ mod tests {
     /// later packet of the peer back for good.
     #[test]
     fn batches_queued_by_a_step_that_panics_are_completed() {
-        let tun = MemoryTun::new("wl-test", |_| {}, None).unwrap();
-        let sockets = Sockets::bind(0, 0).unwrap();
-        let iface = Interface::new(Box::new(tun), sockets, QueuePolicy::default()).unwrap();
+        let iface = Interface::for_tests();
         let peer = Arc::new(Peer::new(1, [7; 32], [0; 32], &Budgets::default()));
         let kp = Arc::new(wirelane_proto::sim::keypair(false));
         let packets = (0..3).map(|_| Packet::with_capacity(4)).collect();

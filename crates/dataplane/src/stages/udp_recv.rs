@@ -150,10 +150,8 @@ pub fn follow_buffer(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fq_codel::QueuePolicy;
-    use crate::memory::{MemoryNet, MemoryTun, SOCKET_DATAGRAMS};
+    use crate::memory::{MemoryNet, SOCKET_DATAGRAMS};
     use crate::ports::UdpPort;
-    use crate::sockets::Sockets;
     use std::sync::Arc;
     use std::time::Duration;
     use wirelane_io::udp::{Outgoing, NOT_ECT};
@@ -167,9 +165,7 @@ mod tests {
         let net = Arc::new(MemoryNet::default());
         let a = net.socket("10.0.0.1:1".parse().unwrap(), None).unwrap();
         let b = net.socket("10.0.0.2:2".parse().unwrap(), None).unwrap();
-        let tun = MemoryTun::new("wl-test", |_| {}, None).unwrap();
-        let sockets = Sockets::bind(0, 0).unwrap();
-        let iface = Interface::new(Box::new(tun), sockets, QueuePolicy::default()).unwrap();
+        let iface = Interface::for_tests();
         let ctl = Mutex::new(buffer_control(&iface));
         let dgram = [4u8; 32];
         let flood: Vec<_> = (0..SOCKET_DATAGRAMS + 500)
